@@ -1,0 +1,125 @@
+"""Typed configs from dataclasses: CLI flags (OpenRLHF's dotted style) and YAML files.
+
+A dataclass field ``seed`` of a config added with prefix ``world.`` becomes ``--world.seed``;
+a field without a prefix becomes ``--seed``. Underscores may be written as dashes too
+(``--train-questions``). A YAML file (``--config FILE``) gives defaults that flags override;
+unknown keys and wrong types are errors that name the key and the fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config value or key is invalid; the message names it and the fix."""
+
+
+def _field_type(cls: type, field: dataclasses.Field) -> tuple[type, bool]:
+    """(base type, optional) of a dataclass field, resolving string annotations."""
+    hint = typing.get_type_hints(cls)[field.name]
+    optional = False
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        optional = len(args) < len(typing.get_args(hint))
+        hint = args[0]
+    return hint, optional
+
+
+def _convert(cls: type, field: dataclasses.Field, value: Any, where: str) -> Any:
+    base, optional = _field_type(cls, field)
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"{where}: {field.name} may not be null")
+    if typing.get_origin(base) is typing.Literal:
+        choices = typing.get_args(base)
+        if value not in choices:
+            raise ConfigError(f"{where}: {field.name} must be one of {', '.join(map(str, choices))}, got {value!r}")
+        return value
+    try:
+        if base is bool:
+            if isinstance(value, str):
+                if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError(value)
+                return value.lower() in ("true", "1", "yes")
+            return bool(value)
+        if base in (int, float, str):
+            if base is int and isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            return base(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: {field.name} must be {base.__name__}, got {value!r}") from None
+    return value
+
+
+def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, prefix: str = "") -> None:
+    """Add one flag per field of dataclass ``cls``; help text comes from ``field.metadata['help']``."""
+    group = parser.add_argument_group(prefix.rstrip(".") or cls.__name__)
+    for field in dataclasses.fields(cls):
+        base, _ = _field_type(cls, field)
+        names = [f"--{prefix}{field.name}"]
+        if "_" in field.name:
+            names.append(f"--{prefix}{field.name.replace('_', '-')}")
+        kwargs: dict[str, Any] = {
+            "dest": f"{prefix}{field.name}",
+            "default": None,
+            "help": f"{field.metadata.get('help', '')} (default: {field.default!r})",
+        }
+        if base is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif typing.get_origin(base) is typing.Literal:
+            kwargs["choices"] = typing.get_args(base)
+        else:
+            kwargs["type"] = base if base in (int, float, str) else str
+            kwargs["metavar"] = base.__name__.upper() if base in (int, float, str) else "VALUE"
+        group.add_argument(*names, **kwargs)
+
+
+def build_config(
+    cls: type[T],
+    args: argparse.Namespace | None = None,
+    prefix: str = "",
+    file_values: dict[str, Any] | None = None,
+    where: str = "config",
+) -> T:
+    """An instance of ``cls``: defaults, then ``file_values``, then flags that were given."""
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    values: dict[str, Any] = {}
+    for key, value in (file_values or {}).items():
+        if key not in names:
+            raise ConfigError(f"{where}: unknown key {key!r}; valid keys: {', '.join(sorted(names))}")
+        values[key] = _convert(cls, names[key], value, where)
+    if args is not None:
+        for name, field in names.items():
+            value = getattr(args, f"{prefix}{name}", None)
+            if value is not None:
+                values[name] = _convert(cls, field, value, f"--{prefix}{name}")
+    try:
+        return cls(**values)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"{where}: {error}") from None
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys to values")
+    return data

@@ -1,0 +1,152 @@
+"""What every step format shares: the typed step, the format error, the format interface, the registry.
+
+A step format owns its textual markers; nothing outside ``r3_env.protocol`` knows them. Training,
+cold start, evaluation and the reward server select a format by name (``get_format("r3")``).
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from r3_env.data import Passage
+
+
+def _clean(text: str | None) -> str | None:
+    if text is None:
+        return None
+    return text.replace("\r\n", "\n").replace("\r", "\n").strip()
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a trajectory: an analysis, then either one retrieval query or the final answer.
+
+    Surrounding whitespace is stripped on construction, so a rendered-then-parsed step compares
+    equal to the original.
+    """
+
+    analysis: str
+    query: str | None = None
+    answer: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "analysis", _clean(self.analysis))
+        object.__setattr__(self, "query", _clean(self.query))
+        object.__setattr__(self, "answer", _clean(self.answer))
+        if (self.query is None) == (self.answer is None):
+            raise ValueError("a Step has exactly one of query= or answer=")
+
+    @property
+    def is_final(self) -> bool:
+        return self.answer is not None
+
+
+class FormatReason(str, enum.Enum):
+    """Why a model output is not a well-formed step (machine-readable, used in logs and rewards)."""
+
+    EMPTY = "empty"
+    MISSING_ANALYSIS = "missing_analysis"
+    EMPTY_ANALYSIS = "empty_analysis"
+    DUPLICATE_ANALYSIS = "duplicate_analysis"
+    TEXT_BEFORE_ANALYSIS = "text_before_analysis"
+    ACTION_BEFORE_ANALYSIS = "action_before_analysis"
+    MISSING_ACTION = "missing_action"
+    BOTH_QUERY_AND_ANSWER = "both_query_and_answer"
+    MULTIPLE_QUERIES = "multiple_queries"
+    EMPTY_QUERY = "empty_query"
+    TEXT_AFTER_QUERY = "text_after_query"
+    MULTIPLE_ANSWERS = "multiple_answers"
+    EMPTY_ANSWER = "empty_answer"
+    TEXT_AFTER_ANSWER = "text_after_answer"
+
+
+class FormatError(ValueError):
+    """A model output that does not parse as a step. ``reason`` is a :class:`FormatReason`."""
+
+    def __init__(self, reason: FormatReason, detail: str = "") -> None:
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"{reason.value}: {detail}" if detail else reason.value)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One step and, when it was a query, the documents retrieved for it."""
+
+    step: Step
+    documents: Sequence[Passage] = field(default_factory=tuple)
+
+
+class StepFormat(ABC):
+    """How one step, the question and a block of documents look as text.
+
+    Implementations must guarantee ``parse_step(render_step(s)) == s`` for every step that
+    ``render_step`` accepts, and that ``parse_step`` raises nothing but :class:`FormatError`.
+    """
+
+    name: str
+
+    @abstractmethod
+    def system_prompt(self) -> str:
+        """The instructions given to the policy as the system message."""
+
+    @abstractmethod
+    def render_question(self, question: str) -> str:
+        """The first user turn."""
+
+    @abstractmethod
+    def render_step(self, step: Step) -> str:
+        """One assistant turn. Raises ValueError for a step this format cannot express."""
+
+    @abstractmethod
+    def parse_step(self, text: str) -> Step:
+        """The step in one assistant turn, or FormatError with the reason."""
+
+    @abstractmethod
+    def render_documents(self, documents: Sequence[Passage], step_number: int, doc_chars: int) -> str:
+        """The environment turn that shows the documents retrieved for step ``step_number``."""
+
+    @abstractmethod
+    def find_answer(self, text: str) -> str | None:
+        """A lenient search for a final answer in free text (baselines, malformed outputs)."""
+
+
+_FORMATS: dict[str, Callable[[], StepFormat]] = {}
+
+
+def register_format(name: str, factory: Callable[[], StepFormat]) -> None:
+    """Make a step format available to every config key that selects one."""
+    if name in _FORMATS:
+        raise ValueError(f"step format {name!r} is already registered")
+    _FORMATS[name] = factory
+
+
+def available_formats() -> list[str]:
+    return sorted(_FORMATS)
+
+
+def get_format(name: str | StepFormat) -> StepFormat:
+    """The step format registered under ``name`` (a StepFormat passes through)."""
+    if isinstance(name, StepFormat):
+        return name
+    try:
+        return _FORMATS[name]()
+    except KeyError:
+        raise ValueError(f"unknown step format {name!r}; choose one of: {', '.join(available_formats())}") from None
+
+
+def truncate_text(text: str, limit: int) -> str:
+    """Cut ``text`` to at most ``limit`` characters plus an ellipsis, at a word boundary if one is near."""
+    if limit <= 0:
+        raise ValueError(f"doc_chars must be positive, got {limit}")
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    cut = text[:limit]
+    space = cut.rfind(" ")
+    if space >= limit * 0.8:
+        cut = cut[:space]
+    return cut.rstrip() + " ..."

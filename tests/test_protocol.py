@@ -1,0 +1,359 @@
+"""The step protocol: parsing (every failure reason), rendering, round trips, chat-template prefix consistency."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import POSITIONAL_TEMPLATE, make_tokenizer
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from r3_env.data import Passage
+from r3_env.protocol import (
+    ChatRenderer,
+    ChatTemplateError,
+    FormatError,
+    FormatReason,
+    Step,
+    Turn,
+    available_formats,
+    build_messages,
+    get_format,
+    parse_step,
+    render_documents,
+    render_prompt,
+    render_step,
+)
+
+R3 = get_format("r3")
+
+# -- parsing ----------------------------------------------------------------------------------------
+
+VALID = [
+    (
+        "The problem analysis: I need the director.\nThe retrieval query: Who directed Silent Harbor?",
+        Step("I need the director.", query="Who directed Silent Harbor?"),
+    ),
+    (
+        "The problem analysis: Marta Kell directed it.\nThe final answer: Marta Kell",
+        Step("Marta Kell directed it.", answer="Marta Kell"),
+    ),
+    # cosmetics real models add
+    ("Step 2:\nThe problem analysis: a\nThe final answer: b", Step("a", answer="b")),
+    ("**The problem analysis:** a\n**The retrieval query:** b?", Step("a", query="b?")),
+    ("**The problem analysis**: a\n**The final answer**: b", Step("a", answer="b")),
+    ("## The Problem Analysis: a\nthe FINAL answer: b", Step("a", answer="b")),
+    (
+        "The problem analysis:\nfirst line\n\nsecond line\nThe retrieval query:\n  who is b?  \n\n",
+        Step("first line\n\nsecond line", query="who is b?"),
+    ),
+    ("  The problem analysis: a  \r\nThe final answer: yes\r\n", Step("a", answer="yes")),
+    # one question that contains a question mark in a title
+    (
+        "The problem analysis: a\nThe retrieval query: Who directed Who Framed Roger Rabbit?",
+        Step("a", query="Who directed Who Framed Roger Rabbit?"),
+    ),
+]
+
+INVALID = [
+    ("", FormatReason.EMPTY),
+    ("   \n\t ", FormatReason.EMPTY),
+    ("I think the answer is Paris.", FormatReason.MISSING_ANALYSIS),
+    ("The retrieval query: who?", FormatReason.MISSING_ANALYSIS),
+    ("The final answer: b\nThe problem analysis: a", FormatReason.ACTION_BEFORE_ANALYSIS),
+    ("Sure! Here is my step.\nThe problem analysis: a\nThe final answer: b", FormatReason.TEXT_BEFORE_ANALYSIS),
+    ("Step 1:\nOkay.\nThe problem analysis: a\nThe final answer: b", FormatReason.TEXT_BEFORE_ANALYSIS),
+    ("The problem analysis: a\nThe problem analysis: a again\nThe final answer: b", FormatReason.DUPLICATE_ANALYSIS),
+    ("The problem analysis:   \nThe final answer: b", FormatReason.EMPTY_ANALYSIS),
+    ("The problem analysis: I will think more.", FormatReason.MISSING_ACTION),
+    ("The problem analysis: a\nThe retrieval query: q?\nThe final answer: b", FormatReason.BOTH_QUERY_AND_ANSWER),
+    ("The problem analysis: a\nThe final answer: b\nThe retrieval query: q?", FormatReason.BOTH_QUERY_AND_ANSWER),
+    ("The problem analysis: a\nThe retrieval query: q1?\nThe retrieval query: q2?", FormatReason.MULTIPLE_QUERIES),
+    (
+        "The problem analysis: a\nThe retrieval query: Who is Anna Berg? Where was she born?",
+        FormatReason.MULTIPLE_QUERIES,
+    ),
+    ("The problem analysis: a\nThe retrieval query:   ", FormatReason.EMPTY_QUERY),
+    (
+        "The problem analysis: a\nThe retrieval query: who is b?\nThe retrieval documents: [1] b",
+        FormatReason.TEXT_AFTER_QUERY,
+    ),
+    ("The problem analysis: a\nThe retrieval query: who is b?\nStep 2:", FormatReason.TEXT_AFTER_QUERY),
+    ("The problem analysis: a\nThe final answer: b\nThe final answer: c", FormatReason.MULTIPLE_ANSWERS),
+    ("The problem analysis: a\nThe final answer:", FormatReason.EMPTY_ANSWER),
+    ("The problem analysis: a\nThe final answer: Paris\nI hope this helps!", FormatReason.TEXT_AFTER_ANSWER),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), VALID)
+def test_parse_valid(text, expected):
+    assert parse_step(text) == expected
+
+
+@pytest.mark.parametrize(("text", "reason"), INVALID)
+def test_parse_invalid_reason(text, reason):
+    with pytest.raises(FormatError) as caught:
+        parse_step(text)
+    assert caught.value.reason is reason
+    assert caught.value.reason.value in str(caught.value)
+
+
+def test_every_reason_is_reachable():
+    assert {reason for _, reason in INVALID} == set(FormatReason)
+
+
+def test_parse_non_text_is_a_format_error():
+    with pytest.raises(FormatError):
+        parse_step(None)  # type: ignore[arg-type]
+
+
+# -- steps and rendering ----------------------------------------------------------------------------
+
+
+def test_step_needs_exactly_one_action():
+    with pytest.raises(ValueError):
+        Step("a")
+    with pytest.raises(ValueError):
+        Step("a", query="q", answer="b")
+    assert Step("  a\r\nb ", answer=" c ") == Step("a\nb", answer="c")
+    assert Step("a", answer="b").is_final and not Step("a", query="q").is_final
+
+
+def test_render_step_layout():
+    assert render_step(Step("a", query="q?")) == "The problem analysis: a\nThe retrieval query: q?"
+    assert render_step(Step("a\nb", answer="c")) == "The problem analysis: a\nb\nThe final answer: c"
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        Step("a", query="line one\nline two"),
+        Step("a", answer="two\nlines"),
+        Step("fine\nThe final answer: sneaky", answer="b"),
+        Step("a", query="Who is Anna Berg? Where was she born?"),
+    ],
+)
+def test_render_rejects_what_would_not_parse_back(step):
+    with pytest.raises(ValueError):
+        render_step(step)
+
+
+def test_format_registry():
+    assert "r3" in available_formats()
+    assert get_format(R3) is R3
+    with pytest.raises(ValueError, match="unknown step format 'nope'.*r3"):
+        get_format("nope")
+
+
+def test_find_answer_is_lenient():
+    assert R3.find_answer("blah\n**The final answer:** Paris\n") == "Paris"
+    assert R3.find_answer("The final answer:\n\nBerlin") == "Berlin"
+    assert R3.find_answer("no label here") is None
+
+
+# -- documents ---------------------------------------------------------------------------------------
+
+
+def test_document_block_numbers_titles_and_truncates():
+    docs = [
+        Passage.from_title_text("7", "Silent Harbor", "A film.  Directed   by Marta Kell."),
+        Passage.from_title_text("9", "Long", "word " * 400),
+    ]
+    block = render_documents(docs, step_number=2, doc_chars=60)
+    lines = block.split("\n")
+    assert lines[0] == "Retrieved documents for step 2:"
+    assert lines[1:3] == ["[1] Silent Harbor", "A film. Directed by Marta Kell."]
+    assert lines[4] == "[2] Long"
+    assert len(lines[5]) <= 64 and lines[5].endswith(" ...")
+    assert "no documents" in render_documents([], step_number=1)
+
+
+# -- property tests ------------------------------------------------------------------------------------
+
+LABEL_SOUP = st.sampled_from(
+    [
+        "The problem analysis:",
+        "The retrieval query:",
+        "The final answer:",
+        "**",
+        "Step 3:",
+        "\n",
+        "?",
+        " ",
+        "##",
+        ":",
+        "the final ANSWER:",
+        "\r\n",
+        "\t",
+    ]
+)
+text_pieces = st.lists(st.one_of(LABEL_SOUP, st.text(max_size=15)), max_size=12).map("".join)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(st.text(), text_pieces))
+def test_parse_raises_only_format_error(text):
+    try:
+        step = parse_step(text)
+    except FormatError as error:
+        assert isinstance(error.reason, FormatReason)
+    else:
+        assert step.analysis and (step.query or step.answer)
+
+
+line = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n\r"), min_size=1, max_size=40)
+steps = st.builds(
+    lambda analysis, action, final: Step(analysis, answer=action) if final else Step(analysis, query=action),
+    st.lists(st.one_of(line, text_pieces), min_size=1, max_size=4).map("\n".join),
+    st.one_of(line, text_pieces),
+    st.booleans(),
+)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(st.data())
+def test_render_then_parse_round_trips(data):
+    try:
+        step = data.draw(steps)
+        rendered = render_step(step)
+    except ValueError:
+        assume(False)
+        return
+    assert parse_step(rendered) == step
+
+
+# -- chat transcripts -----------------------------------------------------------------------------------
+
+QUESTION = "Who directed Silent Harbor?"
+DOCS = [
+    Passage.from_title_text("1", "Silent Harbor", "Silent Harbor is a 1955 film directed by Marta Kell."),
+    Passage.from_title_text("2", "Marta Kell", "Marta Kell (born 1921) is a Valdorian film director."),
+]
+TURNS = [
+    Turn(Step("I need the director of the film.", query="Who directed Silent Harbor?"), DOCS),
+    Turn(Step("Check the second film too.", query="Marta Kell filmography"), ()),
+    Turn(Step("Marta Kell directed it.", answer="Marta Kell")),
+]
+
+
+def test_renderer_matches_apply_chat_template(chat_tokenizers):
+    for name, tokenizer, template in chat_tokenizers:
+        renderer = ChatRenderer(tokenizer, chat_template=template)
+        for k in range(len(TURNS) + 1):
+            messages = renderer.messages(QUESTION, TURNS[:k])
+            generation = k < len(TURNS)  # after a query the transcript ends with a generation prompt
+            expected = tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=generation, chat_template=renderer.template
+            )
+            transcript = renderer.transcript(QUESTION, TURNS[:k])
+            if generation:
+                assert transcript == expected, name
+            else:  # a finished transcript ends at the stop token; templates may add a newline after it
+                assert expected.startswith(transcript) and transcript.endswith(renderer.frame.turn_end), name
+                assert len(expected) - len(transcript) <= 2, name
+
+
+def test_transcript_is_prefix_consistent_in_tokens(chat_tokenizers):
+    for name, tokenizer, template in chat_tokenizers:
+        renderer = ChatRenderer(tokenizer, chat_template=template)
+        previous: list[int] = []
+        for k in range(len(TURNS) + 1):
+            ids = tokenizer(renderer.transcript(QUESTION, TURNS[:k]), add_special_tokens=False)["input_ids"]
+            assert ids[: len(previous)] == previous, f"{name}: steps 1..{k - 1} are not a token prefix of 1..{k}"
+            previous = ids
+        renderer.check_tokenization(QUESTION, TURNS)
+
+
+def test_rollout_token_assembly_equals_whole_transcript(chat_tokenizers):
+    """What OpenRLHF's multi-turn executor builds (prompt, then action tokens, then feedback) equals SFT's tokens."""
+    for name, tokenizer, template in chat_tokenizers:
+        renderer = ChatRenderer(tokenizer, chat_template=template)
+        ids = lambda text, tok=tokenizer: tok(text, add_special_tokens=False)["input_ids"]
+        tokens = ids(renderer.prompt(QUESTION))
+        for number, turn in enumerate(TURNS, start=1):
+            action = ids(renderer.format.render_step(turn.step)) + renderer.stop_token_ids
+            tokens += action
+            if not turn.step.is_final:
+                tokens += ids(renderer.observation(turn.documents, number))
+        assert tokens == ids(renderer.transcript(QUESTION, TURNS)), name
+
+
+def test_the_stop_token_ends_each_step(chat_tokenizers):
+    for name, tokenizer, template in chat_tokenizers:
+        renderer = ChatRenderer(tokenizer, chat_template=template)
+        assert tokenizer.convert_ids_to_tokens(renderer.stop_token_ids) == [renderer.frame.turn_end], name
+        assert renderer.step(TURNS[0].step).endswith(renderer.frame.turn_end)
+        unclosed = renderer.observation(DOCS, 1, action_closed=False)
+        assert unclosed == renderer.frame.turn_end + renderer.observation(DOCS, 1)
+
+
+step_lists = st.lists(steps, min_size=1, max_size=4)
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture],
+)
+@given(st.data())
+def test_prefix_consistency_property(chat_tokenizers, data):
+    """For generated trajectories, tokens of steps 1..k prefix those of 1..k+1 on every tokenizer."""
+    drawn = data.draw(step_lists)
+    try:
+        for step in drawn:
+            render_step(step)
+    except ValueError:
+        assume(False)
+        return
+    turns = [
+        Turn(Step(s.analysis, query=s.query or "q") if i < len(drawn) - 1 else s, DOCS[: i % 3])
+        for i, s in enumerate(drawn)
+    ]
+    for name, tokenizer, template in chat_tokenizers[::2] + chat_tokenizers[-2:-1]:
+        renderer = ChatRenderer(tokenizer, chat_template=template)
+        previous: list[int] = []
+        for k in range(len(turns) + 1):
+            ids = tokenizer(renderer.transcript(QUESTION, turns[:k]), add_special_tokens=False)["input_ids"]
+            assert ids[: len(previous)] == previous, name
+            previous = ids
+
+
+def test_templates_without_a_system_role_fold_instructions_into_the_question(chat_tokenizers):
+    _, tokenizer, _ = next(t for t in chat_tokenizers if t[0] == "no-system-role")
+    renderer = ChatRenderer(tokenizer)
+    assert renderer.frame.system_in_user
+    messages = renderer.messages(QUESTION)
+    assert [m["role"] for m in messages] == ["user"]
+    assert messages[0]["content"].startswith(R3.system_prompt()) and messages[0]["content"].endswith(QUESTION)
+
+
+def test_position_dependent_template_is_rejected(bpe_backend):
+    with pytest.raises(ChatTemplateError, match="differently depending on its position"):
+        ChatRenderer(make_tokenizer(bpe_backend, POSITIONAL_TEMPLATE))
+
+
+def test_plain_template_needs_an_eos_token(bpe_backend):
+    tokenizer = make_tokenizer(bpe_backend, None)
+    tokenizer.eos_token = None
+    with pytest.raises(ChatTemplateError, match="EOS"):
+        ChatRenderer(tokenizer)
+
+
+def test_piecewise_tokenization_check_catches_a_merging_tokenizer(bpe_backend):
+    """A template that glues the step to the generation prompt with a space lets BPE merge across pieces."""
+    template = (
+        "{% for message in messages %}{{ '<|im_start|>' + message['role'] + ': ' + message['content'] + "
+        "'<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant: ' }}{% endif %}"
+    )
+    renderer = ChatRenderer(make_tokenizer(bpe_backend, template))
+    with pytest.raises(ChatTemplateError, match="piece by piece"):
+        renderer.check_tokenization(QUESTION, TURNS)
+
+
+def test_module_level_helpers(chat_tokenizers):
+    _, tokenizer, _ = chat_tokenizers[0]
+    prompt = render_prompt(QUESTION, tokenizer)
+    assert prompt.endswith("<|im_start|>assistant\n") and QUESTION in prompt
+    messages = build_messages(QUESTION, TURNS)
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "assistant", "user", "assistant"]
+    assert messages[3]["content"].startswith("Retrieved documents for step 1:")
+    assert messages[5]["content"] == "Retrieved documents for step 2:\n(no documents were found)"
