@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except USER_ERRORS as error:
+        logger.debug("%s failed", args.command, exc_info=True)
         print(f"r3rag {args.command}: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

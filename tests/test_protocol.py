@@ -17,6 +17,7 @@ from r3_env.protocol import (
     Turn,
     available_formats,
     build_messages,
+    extract_answer,
     get_format,
     parse_step,
     render_documents,
@@ -142,6 +143,13 @@ def test_format_registry():
     assert get_format(R3) is R3
     with pytest.raises(ValueError, match="unknown step format 'nope'.*r3"):
         get_format("nope")
+
+
+def test_extract_answer_from_final_steps_and_free_text():
+    assert extract_answer("The problem analysis: a\nThe final answer: **Marta Kell**.") == "Marta Kell"
+    assert extract_answer("The problem analysis: a\nThe retrieval query: who?") is None
+    assert extract_answer("rambling\nThe final answer: The answer is 1921.\nmore rambling") == "1921"
+    assert extract_answer("no answer at all") is None
 
 
 def test_find_answer_is_lenient():

@@ -11,6 +11,7 @@
 from collections.abc import Sequence
 from typing import Any
 
+from r3_env.answers import clean_answer
 from r3_env.data import Passage
 from r3_env.protocol import r3 as _r3  # noqa: F401  (registers the "r3" format)
 from r3_env.protocol.base import (
@@ -31,6 +32,20 @@ DEFAULT_FORMAT = "r3"
 def parse_step(text: str, step_format: str | StepFormat = DEFAULT_FORMAT) -> Step:
     """Parse one assistant turn; raises only FormatError."""
     return get_format(step_format).parse_step(text)
+
+
+def extract_answer(text: str, step_format: str | StepFormat = DEFAULT_FORMAT) -> str | None:
+    """The short answer in a model output: the final step's answer, else any answer section found leniently.
+
+    None when the text holds no answer (a query step, or free text without an answer label).
+    """
+    fmt = get_format(step_format)
+    try:
+        step = fmt.parse_step(text)
+    except FormatError:
+        found = fmt.find_answer(text)
+        return clean_answer(found) if found else None
+    return clean_answer(step.answer) if step.is_final else None
 
 
 def render_step(step: Step, step_format: str | StepFormat = DEFAULT_FORMAT) -> str:
@@ -65,6 +80,7 @@ __all__ = [
     "Turn",
     "available_formats",
     "build_messages",
+    "extract_answer",
     "get_format",
     "parse_step",
     "register_format",
