@@ -108,7 +108,7 @@ def clean_answer(answer_text: str) -> str:
     surrounding quotes and a trailing full stop. Everything else is kept: scoring normalises
     further, and over-eager trimming would invent wrong answers.
     """
-    lines = [line.strip() for line in answer_text.replace("\r", "\n").split("\n") if line.strip()]
+    lines = [line.strip() for line in answer_text.splitlines() if line.strip()]
     if not lines:
         return ""
     text = _LEAD_INS.sub("", lines[0]).strip()

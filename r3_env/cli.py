@@ -23,7 +23,9 @@ USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, F
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="r3rag", description="Train LLMs to reason and retrieve step by step.")
     parser.add_argument("--version", action="version", version=f"r3rag {__version__}")
-    parser.add_argument("-q", "--quiet", action="store_true", help="log warnings and errors only")
+    verbosity = parser.add_mutually_exclusive_group()
+    verbosity.add_argument("-q", "--quiet", action="store_true", help="log warnings and errors only")
+    verbosity.add_argument("-v", "--verbose", action="store_true", help="log debug messages and error tracebacks")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for entry in sorted(entry_points(group="r3rag.commands"), key=lambda e: e.name):
         entry.load()(subparsers)
@@ -34,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=logging.WARNING if args.quiet else logging.INFO,
+        level=logging.WARNING if args.quiet else logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )

@@ -54,6 +54,8 @@ def _convert(cls: type, field: dataclasses.Field, value: Any, where: str) -> Any
                 return value.lower() in ("true", "1", "yes")
             return bool(value)
         if base in (int, float, str):
+            if base is not str and isinstance(value, bool):  # YAML's true/false are not numbers
+                raise ValueError(value)
             if base is int and isinstance(value, float) and not value.is_integer():
                 raise ValueError(value)
             return base(value)

@@ -89,12 +89,25 @@ def open_text(path: PathLike, mode: str = "r", gz: bool | None = None) -> TextIO
     return open(path, mode, encoding="utf-8")
 
 
+def _open_binary(path: PathLike):
+    return gzip.open(path, "rb") if str(path).endswith(".gz") else open(path, "rb")
+
+
 def iter_jsonl(path: PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield (line number, object) for each non-blank line of a JSON-lines file."""
     if not Path(path).is_file():
         raise FileNotFoundError(f"{path}: no such file")
-    with open_text(path) as handle:
-        for number, line in enumerate(handle, start=1):
+    with _open_binary(path) as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise DataFormatError(
+                    path,
+                    number,
+                    None,
+                    f"not UTF-8 text ({error.reason} at byte {error.start}); re-encode the file as UTF-8",
+                ) from None
             if not line.strip():
                 continue
             try:
@@ -212,7 +225,7 @@ def load_passages(path: PathLike, ids: Iterable[str]) -> dict[str, Passage]:
 
 def _repair_partial_tail(path: Path) -> None:
     """Drop an unterminated last line (a write cut short by a kill) so appends stay valid JSONL."""
-    if not path.exists() or path.stat().st_size == 0 or str(path).endswith(".gz"):
+    if not path.exists() or path.stat().st_size == 0:
         return
     with open(path, "rb+") as handle:
         handle.seek(-1, os.SEEK_END)
@@ -249,6 +262,11 @@ class JsonlWriter:
 
     def __init__(self, path: PathLike) -> None:
         self.path = Path(path)
+        if self.path.name.endswith(".gz"):
+            raise ValueError(
+                f"{path}: append-only outputs cannot be gzip files (a killed run leaves a gzip stream "
+                "that cannot be resumed); write plain .jsonl and compress when the run is complete"
+            )
         self.path.parent.mkdir(parents=True, exist_ok=True)
         _repair_partial_tail(self.path)
         self._handle = open_text(self.path, "a")
@@ -270,18 +288,22 @@ class JsonlWriter:
 
 
 def existing_ids(path: PathLike, key: str = "id") -> set[str]:
-    """Ids of the complete rows already in an append-only output (empty if it does not exist)."""
+    """Ids of the rows already in an append-only output (empty if it does not exist).
+
+    A row counts when its line parses as JSON, the same rule :class:`JsonlWriter` applies when it
+    repairs the last line, so a resumed run neither repeats nor skips a row.
+    """
     path = Path(path)
     if not path.exists():
         return set()
     ids: set[str] = set()
-    with open_text(path) as handle:
-        for line in handle:
-            if not line.endswith("\n"):
-                break  # an incomplete last row; the writer drops it
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
             try:
-                row = json.loads(line)
+                row = json.loads(raw)
             except ValueError:
+                if raw.endswith(b"\n"):
+                    logger.warning("%s:%d: skipping a line that is not valid JSON", path, number)
                 continue
             if isinstance(row, dict) and key in row:
                 ids.add(str(row[key]))
@@ -298,8 +320,21 @@ def write_jsonl(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    count = 0
     started = time.perf_counter()
+    try:
+        count = _write_rows(tmp, path, rows, total, desc)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)
+    if desc is not None:
+        elapsed = time.perf_counter() - started
+        logger.info("wrote %s: %d %s in %.1f s (%.0f/s)", path, count, desc, elapsed, count / max(elapsed, 1e-9))
+    return count
+
+
+def _write_rows(tmp: Path, path: Path, rows: Iterable[dict[str, Any]], total: int | None, desc: str | None) -> int:
+    count = 0
     with (
         open_text(tmp, "w", gz=path.name.endswith(".gz")) as handle,
         tqdm(
@@ -310,10 +345,6 @@ def write_jsonl(
             handle.write(json.dumps(row, ensure_ascii=False) + "\n")
             count += 1
             bar.update()
-    os.replace(tmp, path)
-    if desc is not None:
-        elapsed = time.perf_counter() - started
-        logger.info("wrote %s: %d %s in %.1f s (%.0f/s)", path, count, desc, elapsed, count / max(elapsed, 1e-9))
     return count
 
 

@@ -49,8 +49,10 @@ start=$SECONDS
 torch_index=()
 if [[ -n "${TORCH_INDEX:-}" ]]; then torch_index=(--extra-index-url "$TORCH_INDEX"); fi
 
-echo "[setup] 1/4 torch (CPU build)"
-"${PIP[@]}" install -q -c "$LOCK" "${torch_index[@]}" torch
+# Pin torch explicitly: an unpinned or ranged torch makes pip fetch the newest CUDA build.
+torch_pin="$(grep -oE '"torch==[^"]+"' setup.py | head -n 1 | tr -d '"')"
+echo "[setup] 1/4 $torch_pin (CPU build)"
+"${PIP[@]}" install -q -c "$LOCK" "${torch_index[@]}" "$torch_pin"
 
 echo "[setup] 2/4 deepspeed without ops (builds against the installed torch)"
 DS_BUILD_OPS=0 "${PIP[@]}" install -q -c "$LOCK" --no-build-isolation deepspeed

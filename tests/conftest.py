@@ -37,6 +37,22 @@ POSITIONAL_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
+# Like Qwen3's: assistant turns after the last user turn get an (empty) think block.
+QWEN3_STYLE_TEMPLATE = (
+    "{% set ns = namespace(last_user=-1) %}"
+    "{% for m in messages %}{% if m['role'] == 'user' %}{% set ns.last_user = loop.index0 %}{% endif %}{% endfor %}"
+    "{% for m in messages %}{% if m['role'] == 'assistant' and loop.index0 > ns.last_user %}"
+    "{{ '<|im_start|>assistant\n<think>\n\n</think>\n\n' + m['content'] + '<|im_end|>\n' }}"
+    "{% else %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+# Silently drops system messages instead of raising.
+DROPS_SYSTEM_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] != 'system' %}"
+    "{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
 SPECIAL_TOKENS = [
     "<|endoftext|>",
     "<|im_start|>",
@@ -138,6 +154,8 @@ def chat_tokenizers(bpe_backend, smollm2_tokenizer):
             "auto",
         ),
         ("no-system-role", make_tokenizer(bpe_backend, NO_SYSTEM_TEMPLATE), "auto"),
+        ("drops-system", make_tokenizer(bpe_backend, DROPS_SYSTEM_TEMPLATE), "auto"),
+        ("qwen3-style", make_tokenizer(bpe_backend, QWEN3_STYLE_TEMPLATE), "auto"),
         ("plain", make_tokenizer(bpe_backend, None, eos="<|endoftext|>"), "auto"),
         ("smollm2", smollm2_tokenizer, "auto"),
         ("smollm2-plain", smollm2_tokenizer, "plain"),

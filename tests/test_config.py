@@ -58,6 +58,7 @@ def test_file_values_are_overridden_by_flags(tmp_path):
         ({"estimator": "ppo"}, "estimator must be one of gae, group_norm"),
         ({"colocate": "maybe"}, "colocate must be bool"),
         ({"lr": None}, "lr may not be null"),
+        ({"n_samples_per_prompt": True}, "n_samples_per_prompt must be int, got True"),
         ({"n_samples_per_prompt": 0}, "n_samples_per_prompt must be at least 1"),
     ],
 )

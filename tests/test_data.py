@@ -146,8 +146,10 @@ def test_writer_drops_an_incomplete_last_line_from_a_killed_run(tmp_path):
 
 
 def test_writer_keeps_a_complete_last_row_missing_its_newline(tmp_path):
+    """Resume reads the ids first; the last row without its newline counts, so it is neither lost nor repeated."""
     path = tmp_path / "rows.jsonl"
     path.write_text('{"id": "1"}\n{"id": "2"}')
+    assert existing_ids(path) == {"1", "2"}
     with JsonlWriter(path) as writer:
         writer.write({"id": "3"})
     assert [json.loads(line)["id"] for line in path.read_text().splitlines()] == ["1", "2", "3"]
@@ -159,6 +161,18 @@ def test_writer_repairs_a_file_that_is_one_partial_line(tmp_path):
     with JsonlWriter(path) as writer:
         writer.write({"id": "1"})
     assert path.read_text() == '{"id": "1"}\n'
+
+
+def test_append_only_outputs_refuse_gzip(tmp_path):
+    with pytest.raises(ValueError, match="cannot be gzip files"):
+        JsonlWriter(tmp_path / "rows.jsonl.gz")
+
+
+def test_invalid_utf8_names_the_line(tmp_path):
+    path = tmp_path / "dev.jsonl"
+    path.write_bytes(GOOD.encode() + b"\n" + b'{"id": "\xff"}\n')
+    with pytest.raises(DataFormatError, match=r"dev.jsonl:2: not UTF-8 text"):
+        list(iter_dataset(path))
 
 
 def test_parse_qa_row_keeps_unknown_keys():

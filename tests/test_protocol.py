@@ -53,6 +53,13 @@ VALID = [
         "The problem analysis: a\nThe retrieval query: Who directed Who Framed Roger Rabbit?",
         Step("a", query="Who directed Who Framed Roger Rabbit?"),
     ),
+    (
+        'The problem analysis: a\nThe retrieval query: Is "Who Am I?" directed by Marta Kell?',
+        Step("a", query='Is "Who Am I?" directed by Marta Kell?'),
+    ),
+    # whole-line bold, and "Step k:" on the same line as the first label
+    ("**The problem analysis: a**\n**The final answer: Paris**", Step("a", answer="Paris")),
+    ("Step 1: The problem analysis: a\nThe retrieval query: b?", Step("a", query="b?")),
 ]
 
 INVALID = [
@@ -154,11 +161,22 @@ def test_extract_answer_from_final_steps_and_free_text():
 
 def test_find_answer_is_lenient():
     assert R3.find_answer("blah\n**The final answer:** Paris\n") == "Paris"
+    assert R3.find_answer("blah\r**The final answer: Paris**\r") == "Paris"
     assert R3.find_answer("The final answer:\n\nBerlin") == "Berlin"
+    assert R3.find_answer("The final answer:\nThe problem analysis: x") is None
     assert R3.find_answer("no label here") is None
 
 
 # -- documents ---------------------------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.text(max_size=20), st.text(max_size=80)), max_size=4), st.integers(1, 40))
+def test_rendered_documents_have_no_surrounding_whitespace(docs, doc_chars):
+    """Templates that trim message content (Llama 3's) must leave every rendered piece unchanged."""
+    passages = [Passage.from_title_text(str(i), title, text) for i, (title, text) in enumerate(docs)]
+    block = render_documents(passages, 1, doc_chars)
+    assert block == block.strip()
 
 
 def test_document_block_numbers_titles_and_truncates():
@@ -235,6 +253,7 @@ QUESTION = "Who directed Silent Harbor?"
 DOCS = [
     Passage.from_title_text("1", "Silent Harbor", "Silent Harbor is a 1955 film directed by Marta Kell."),
     Passage.from_title_text("2", "Marta Kell", "Marta Kell (born 1921) is a Valdorian film director."),
+    Passage("3", "Only a title"),
 ]
 TURNS = [
     Turn(Step("I need the director of the film.", query="Who directed Silent Harbor?"), DOCS),
@@ -255,9 +274,20 @@ def test_renderer_matches_apply_chat_template(chat_tokenizers):
             transcript = renderer.transcript(QUESTION, TURNS[:k])
             if generation:
                 assert transcript == expected, name
-            else:  # a finished transcript ends at the stop token; templates may add a newline after it
+            elif not renderer.frame.rewrites_last_turn:
+                # a finished transcript ends at the stop token; templates may add a newline after it
                 assert expected.startswith(transcript) and transcript.endswith(renderer.frame.turn_end), name
                 assert len(expected) - len(transcript) <= 2, name
+            else:  # the template re-renders the last assistant turn (a think block): all before it agrees
+                before_last = renderer.transcript(QUESTION, TURNS[: k - 1])
+                assert expected.startswith(before_last[: before_last.rindex(renderer.frame.observation_close)])
+                assert expected.rstrip().endswith(renderer.step(TURNS[k - 1].step)), name
+    rewriting = {
+        name
+        for name, tok, template in chat_tokenizers
+        if ChatRenderer(tok, chat_template=template).frame.rewrites_last_turn
+    }
+    assert rewriting == {"qwen3-style"}
 
 
 def test_transcript_is_prefix_consistent_in_tokens(chat_tokenizers):
@@ -316,7 +346,7 @@ def test_prefix_consistency_property(chat_tokenizers, data):
         Turn(Step(s.analysis, query=s.query or "q") if i < len(drawn) - 1 else s, DOCS[: i % 3])
         for i, s in enumerate(drawn)
     ]
-    for name, tokenizer, template in chat_tokenizers[::2] + chat_tokenizers[-2:-1]:
+    for name, tokenizer, template in chat_tokenizers:
         renderer = ChatRenderer(tokenizer, chat_template=template)
         previous: list[int] = []
         for k in range(len(turns) + 1):
@@ -325,8 +355,9 @@ def test_prefix_consistency_property(chat_tokenizers, data):
             previous = ids
 
 
-def test_templates_without_a_system_role_fold_instructions_into_the_question(chat_tokenizers):
-    _, tokenizer, _ = next(t for t in chat_tokenizers if t[0] == "no-system-role")
+@pytest.mark.parametrize("template_name", ["no-system-role", "drops-system"])
+def test_templates_without_a_system_role_fold_instructions_into_the_question(chat_tokenizers, template_name):
+    _, tokenizer, _ = next(t for t in chat_tokenizers if t[0] == template_name)
     renderer = ChatRenderer(tokenizer)
     assert renderer.frame.system_in_user
     messages = renderer.messages(QUESTION)

@@ -63,7 +63,10 @@ def render_documents(
 def render_prompt(
     question: str, tokenizer: Any, step_format: str | StepFormat = DEFAULT_FORMAT, chat_template: str = "auto"
 ) -> str:
-    """The chat-templated prompt (instructions + question + generation prompt) for ``tokenizer``."""
+    """The chat-templated prompt (instructions + question + generation prompt) for ``tokenizer``.
+
+    A one-off convenience: it measures the template each call. Loops hold a :class:`ChatRenderer`.
+    """
     return ChatRenderer(tokenizer, step_format, chat_template).prompt(question)
 
 

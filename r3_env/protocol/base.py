@@ -14,10 +14,13 @@ from dataclasses import dataclass, field
 from r3_env.data import Passage
 
 
+def normalize_newlines(text: str) -> str:
+    """Windows and old-Mac line ends as \\n (the only line separator the formats use)."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
 def _clean(text: str | None) -> str | None:
-    if text is None:
-        return None
-    return text.replace("\r\n", "\n").replace("\r", "\n").strip()
+    return None if text is None else normalize_newlines(text).strip()
 
 
 @dataclass(frozen=True)

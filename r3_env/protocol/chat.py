@@ -56,12 +56,23 @@ class ChatFrame:
     observation_open: from after ``turn_end`` to the start of an environment turn's content.
     observation_close: from the end of that content through the next assistant generation prompt.
     system_in_user: the template has no system role, so instructions lead the first user turn.
+    rewrites_last_turn: the template renders a conversation's last assistant turn differently from
+        how it rendered it while generating (Qwen3 adds an empty think block); SFT data must then
+        come from :meth:`ChatRenderer.segments`, not from ``apply_chat_template``.
     """
 
     turn_end: str
     observation_open: str
     observation_close: str
     system_in_user: bool = False
+    rewrites_last_turn: bool = False
+
+
+def opening_messages(system: str, user: str, system_in_user: bool) -> list[dict[str, str]]:
+    """The system and first user turns; without a system role, the instructions lead the user turn."""
+    if system_in_user:
+        return [{"role": "user", "content": f"{system}\n\n{user}"}]
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
 def _apply(tokenizer: Any, template: str | None, messages: list[dict], add_generation_prompt: bool) -> str:
@@ -70,17 +81,25 @@ def _apply(tokenizer: Any, template: str | None, messages: list[dict], add_gener
     )
 
 
+def _locate(text: str, sentinels: tuple[str, ...]) -> list[tuple[int, int]]:
+    spans = []
+    for sentinel in sentinels:
+        start = text.find(sentinel)
+        if start < 0 or text.count(sentinel) != 1:
+            raise ChatTemplateError(
+                f"the chat template drops or repeats a turn's content ({sentinel}); pass chat_template='plain'"
+            )
+        spans.append((start, start + len(sentinel)))
+    if [a for a, _ in spans] != sorted(a for a, _ in spans):
+        raise ChatTemplateError("the chat template reorders turns; pass chat_template='plain'")
+    return spans
+
+
 def measure_frame(tokenizer: Any, template: str | None, observation_role: str = "user") -> ChatFrame:
     """Measure and validate the frame of ``template`` (None: the tokenizer's own)."""
     s_sys, s_q, s_a1, s_d1, s_a2, s_d2 = _SENTINELS
-    system_in_user = False
 
-    def conversation(with_docs_b: bool) -> list[dict]:
-        first = (
-            [{"role": "user", "content": f"{s_sys}\n\n{s_q}"}]
-            if system_in_user
-            else [{"role": "system", "content": s_sys}, {"role": "user", "content": s_q}]
-        )
+    def conversation(system_in_user: bool, with_docs_b: bool) -> list[dict]:
         turns = [
             {"role": "assistant", "content": s_a1},
             {"role": observation_role, "content": s_d1},
@@ -88,31 +107,26 @@ def measure_frame(tokenizer: Any, template: str | None, observation_role: str = 
         ]
         if with_docs_b:
             turns.append({"role": observation_role, "content": s_d2})
-        return first + turns
+        return opening_messages(s_sys, s_q, system_in_user) + turns
 
-    try:
-        full = _apply(tokenizer, template, conversation(True), add_generation_prompt=True)
-    except Exception as first_error:  # templates signal an unsupported system role by raising
-        system_in_user = True
+    # A template without a system role either raises or silently drops the system turn.
+    errors = []
+    for system_in_user in (False, True):
         try:
-            full = _apply(tokenizer, template, conversation(True), add_generation_prompt=True)
-        except Exception as error:
-            raise ChatTemplateError(
-                f"the chat template cannot render a system/user/assistant/{observation_role} conversation "
-                f"({first_error}; without a system turn: {error}); pass chat_template='plain'"
-            ) from error
+            full = _apply(tokenizer, template, conversation(system_in_user, True), add_generation_prompt=True)
+        except Exception as error:  # templates report what they cannot render by raising
+            errors.append(str(error))
+            continue
+        if s_sys in full:
+            break
+        errors.append("the system turn was dropped")
+    else:
+        raise ChatTemplateError(
+            f"the chat template cannot render a system/user/assistant/{observation_role} conversation "
+            f"({'; '.join(errors)}); pass chat_template='plain'"
+        )
 
-    spans = []
-    for sentinel in _SENTINELS:
-        start = full.find(sentinel)
-        if start < 0 or full.count(sentinel) != 1:
-            raise ChatTemplateError(
-                f"the chat template drops or repeats a turn's content ({sentinel}); pass chat_template='plain'"
-            )
-        spans.append((start, start + len(sentinel)))
-    if [s for s, _ in spans] != sorted(s for s, _ in spans):
-        raise ChatTemplateError("the chat template reorders turns; pass chat_template='plain'")
-
+    spans = _locate(full, _SENTINELS)
     after_step_a = full[spans[2][1] : spans[3][0]]
     after_docs_a = full[spans[3][1] : spans[4][0]]
     after_step_b = full[spans[4][1] : spans[5][0]]
@@ -123,9 +137,8 @@ def measure_frame(tokenizer: Any, template: str | None, observation_role: str = 
             f"({after_step_a!r} vs {after_step_b!r}, {after_docs_a!r} vs {after_docs_b!r}), so a growing "
             "transcript is not prefix-consistent; pass chat_template='plain'"
         )
-    first = conversation(False)[: 1 if system_in_user else 2]
-    prompt = _apply(tokenizer, template, first, add_generation_prompt=True)
-    if prompt != full[: spans[2][0]]:
+    first = conversation(system_in_user, False)[: 1 if system_in_user else 2]
+    if _apply(tokenizer, template, first, add_generation_prompt=True) != full[: spans[2][0]]:
         raise ChatTemplateError(
             "the chat template renders the prompt differently once assistant turns follow it; "
             "pass chat_template='plain'"
@@ -137,16 +150,19 @@ def measure_frame(tokenizer: Any, template: str | None, observation_role: str = 
             f"the chat template does not end an assistant turn with a special token ({after_step_a[:40]!r}), "
             "so the policy has no stop token to end its step; pass chat_template='plain'"
         )
-    final = _apply(tokenizer, template, conversation(False), add_generation_prompt=False)
-    if not final[spans[4][1] :].startswith(turn_end):
+    final = _apply(tokenizer, template, conversation(system_in_user, False), add_generation_prompt=False)
+    final_spans = _locate(final, _SENTINELS[:5])
+    if not final[final_spans[4][1] :].startswith(turn_end):
         raise ChatTemplateError(
-            "the chat template closes the last assistant turn differently; pass chat_template='plain'"
+            "the chat template does not end the last assistant turn with the stop token "
+            f"{turn_end!r}; pass chat_template='plain'"
         )
     return ChatFrame(
         turn_end=turn_end,
         observation_open=after_step_a[len(turn_end) :],
         observation_close=after_docs_a,
         system_in_user=system_in_user,
+        rewrites_last_turn=final[: final_spans[4][0]] != full[: spans[4][0]],
     )
 
 
@@ -285,12 +301,7 @@ def build_messages(
     """The chat messages of a (partial) trajectory, in the given step format."""
     fmt = get_format(step_format)
     system = system_prompt if system_prompt is not None else fmt.system_prompt()
-    user = fmt.render_question(question)
-    messages = (
-        [{"role": "user", "content": f"{system}\n\n{user}"}]
-        if system_in_user
-        else [{"role": "system", "content": system}, {"role": "user", "content": user}]
-    )
+    messages = opening_messages(system, fmt.render_question(question), system_in_user)
     for number, turn in enumerate(turns, start=1):
         messages.append({"role": "assistant", "content": fmt.render_step(turn.step)})
         if not turn.step.is_final:

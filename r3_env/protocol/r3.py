@@ -11,8 +11,8 @@ or, once the information suffices::
     The final answer: <short answer>
 
 Parsing is strict about structure (it is what the format reward checks) but tolerant of the
-cosmetics real models add: label case, markdown bold/headers around labels, a leading
-``Step k:`` line, and a query or answer written on the line after its label.
+cosmetics real models add: label case, markdown bold/headers around labels, a ``Step k:`` line
+or prefix, and a query or answer written on the line after its label.
 """
 
 from __future__ import annotations
@@ -21,7 +21,15 @@ import re
 from collections.abc import Sequence
 
 from r3_env.data import Passage
-from r3_env.protocol.base import FormatError, FormatReason, Step, StepFormat, register_format, truncate_text
+from r3_env.protocol.base import (
+    FormatError,
+    FormatReason,
+    Step,
+    StepFormat,
+    normalize_newlines,
+    register_format,
+    truncate_text,
+)
 
 ANALYSIS = "The problem analysis:"
 QUERY = "The retrieval query:"
@@ -29,17 +37,20 @@ ANSWER = "The final answer:"
 
 _KIND_BY_WORDS = {"problem analysis": "analysis", "retrieval query": "query", "final answer": "answer"}
 
-# A label at the start of a line: optional markdown header marks, optional bold around the
-# label (with the colon inside or outside the bold), any case, flexible spacing.
+# A label at the start of a line: optional markdown header marks, an optional "Step k:" on the same
+# line, optional bold around the label (closing before or after the colon, or at the end of the
+# line), any case, flexible spacing. Group 1: opening bold; 2: the label words; 3/4: closing bold.
 _LABEL = re.compile(
-    r"^[ \t]*(?:#{1,6}[ \t]*)?(\*\*)?[ \t]*the[ \t]+(problem[ \t]+analysis|retrieval[ \t]+query|final[ \t]+answer)"
-    r"[ \t]*(?(1)(?:\*\*[ \t]*:|:[ \t]*\*\*)|:)",
+    r"^[ \t]*(?:#{1,6}[ \t]*)?(?:(?:\*\*)?[ \t]*step[ \t]*\d+[ \t]*(?:\*\*)?[ \t]*[:.][ \t]*)?"
+    r"(\*\*)?[ \t]*the[ \t]+(problem[ \t]+analysis|retrieval[ \t]+query|final[ \t]+answer)[ \t]*"
+    r"(?(1)(?:(\*\*)[ \t]*:|:(?:[ \t]*(\*\*))?)|:)",
     re.IGNORECASE,
 )
 _STEP_HEADER = re.compile(
     r"^[ \t]*(?:#{1,6}[ \t]*)?(?:\*\*)?[ \t]*step[ \t]*\d+[ \t]*(?:\*\*)?[ \t]*[:.]?[ \t]*(?:\*\*)?[ \t]*$", re.I
 )
 _QUESTION = re.compile(r"[^?]*\?")
+_QUOTED = re.compile(r'"[^"]*"|\u201c[^\u201d]*\u201d')
 
 
 def _label_kind(line: str) -> tuple[str, str] | None:
@@ -48,12 +59,17 @@ def _label_kind(line: str) -> tuple[str, str] | None:
     if match is None:
         return None
     words = " ".join(match.group(2).lower().split())
-    return _KIND_BY_WORDS[words], line[match.end() :]
+    rest = line[match.end() :]
+    if match.group(1) and not (match.group(3) or match.group(4)):  # the whole line is bold
+        stripped = rest.rstrip()
+        rest = stripped[:-2] if stripped.endswith("**") else rest
+    return _KIND_BY_WORDS[words], rest
 
 
 def _count_questions(query: str) -> int:
-    """Questions of two or more words each, e.g. 'Who is A? Where is B?' counts 2."""
-    return sum(1 for part in _QUESTION.findall(query) if len(re.findall(r"\w+", part)) >= 2)
+    """Questions of two or more words each, e.g. 'Who is A? Where is B?' counts 2; quoted titles are ignored."""
+    unquoted = _QUOTED.sub(" quoted ", query)
+    return sum(1 for part in _QUESTION.findall(unquoted) if len(re.findall(r"\w+", part)) >= 2)
 
 
 class R3Format(StepFormat):
@@ -104,7 +120,7 @@ class R3Format(StepFormat):
     def parse_step(self, text: str) -> Step:
         if not isinstance(text, str):
             raise FormatError(FormatReason.EMPTY, f"expected text, got {type(text).__name__}")
-        text = text.replace("\r\n", "\n").replace("\r", "\n")
+        text = normalize_newlines(text)
         if not text.strip():
             raise FormatError(FormatReason.EMPTY, "the output is empty")
 
@@ -164,14 +180,14 @@ class R3Format(StepFormat):
         header = f"Retrieved documents for step {step_number}:"
         if not documents:
             return f"{header}\n(no documents were found)"
-        blocks = [
-            f"[{i}] {' '.join(doc.title.split()) or '(untitled)'}\n{truncate_text(doc.text, doc_chars)}"
-            for i, doc in enumerate(documents, start=1)
-        ]
+        blocks = []
+        for i, doc in enumerate(documents, start=1):
+            text = truncate_text(doc.text, doc_chars) if doc.text.strip() else ""
+            blocks.append(f"[{i}] {' '.join(doc.title.split()) or '(untitled)'}" + (f"\n{text}" if text else ""))
         return header + "\n" + "\n\n".join(blocks)
 
     def find_answer(self, text: str) -> str | None:
-        lines = text.replace("\r\n", "\n").split("\n")
+        lines = normalize_newlines(text).split("\n")
         for index in range(len(lines) - 1, -1, -1):
             labelled = _label_kind(lines[index])
             if labelled is None or labelled[0] != "answer":
@@ -179,8 +195,8 @@ class R3Format(StepFormat):
             rest = labelled[1].strip()
             if rest:
                 return rest
-            following = [line.strip() for line in lines[index + 1 :] if line.strip()]
-            return following[0] if following else None
+            following = next((line.strip() for line in lines[index + 1 :] if line.strip()), None)
+            return following if following is not None and _label_kind(following) is None else None
         return None
 
 

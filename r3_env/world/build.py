@@ -25,7 +25,7 @@ from r3_env.world.questions import QUESTION_TYPES, generate_questions
 logger = logging.getLogger(__name__)
 
 # Bump when a change to the generator changes its output for the same config.
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 
 DEFAULT_MIX = "compositional=0.4,comparison=0.22,inference=0.13,bridge_comparison=0.25"
 
@@ -63,6 +63,8 @@ class WorldConfig:
         for part in self.mix.split(","):
             name, _, weight = part.partition("=")
             name = name.strip()
+            if name in mix:
+                raise ValueError(f"mix: {name} is given twice")
             if name not in QUESTION_TYPES:
                 raise ValueError(f"mix: unknown question type {name!r}; types are {', '.join(QUESTION_TYPES)}")
             try:
@@ -97,12 +99,20 @@ def generate_world(config: WorldConfig, out: str | os.PathLike, overwrite: bool 
     out = Path(out)
     manifest = out / "world.json"
     if manifest.exists():
-        existing = json.loads(manifest.read_text())
+        try:
+            existing = json.loads(manifest.read_text())
+        except ValueError:
+            if not overwrite:
+                raise WorldExistsError(
+                    f"{manifest} is not valid JSON (an interrupted or edited run?); pass --overwrite to "
+                    "regenerate the world there or choose another --out"
+                ) from None
+            existing = {}
         same = existing.get("config") == asdict(config) and existing.get("generator") == GENERATOR_VERSION
         if same and all((out / f).exists() for f in ("corpus.jsonl", "train.jsonl", "dev.jsonl")):
             logger.info("%s already holds this world; keeping it", out)
             return existing["stats"]
-        if not overwrite:
+        if not overwrite and existing:
             old = existing.get("config") or {}
             changed = [f"{k}={old.get(k)!r}" for k, v in asdict(config).items() if old.get(k) != v]
             if existing.get("generator") != GENERATOR_VERSION:
@@ -131,7 +141,7 @@ def generate_world(config: WorldConfig, out: str | os.PathLike, overwrite: bool 
 
     mix = config.question_mix()
     dev = list(generate_questions(world, config.n_dev, mix, "dev"))
-    train = generate_questions(world, config.n_train, mix, "train", exclude={q.text for q in dev})
+    train = generate_questions(world, config.n_train, mix, "train", exclude={q.signature for q in dev})
     counters: dict[str, Counter] = {"type": Counter(), "hops": Counter(), "answer_kind": Counter()}
 
     def items(questions, split: str):
@@ -143,6 +153,18 @@ def generate_world(config: WorldConfig, out: str | os.PathLike, overwrite: bool 
 
     write_jsonl(out / "train.jsonl", items(train, "train"), config.n_train, "train questions")
     write_jsonl(out / "dev.jsonl", items(dev, "dev"), config.n_dev, "dev questions")
+    total_weight, total = sum(mix.values()), config.n_train + config.n_dev
+    drift = [
+        f"{kind} {100 * counters['type'][kind] / total:.0f}% (asked {100 * weight / total_weight:.0f}%)"
+        for kind, weight in mix.items()
+        if abs(counters["type"][kind] / total - weight / total_weight) > 0.1
+    ]
+    if drift:
+        logger.warning(
+            "question types came out as %s: the world runs out of some kinds of question; raise --entities "
+            "or lower the question counts for the requested mix",
+            ", ".join(drift),
+        )
 
     stats: dict[str, Any] = {
         "entities": len(world.entities),

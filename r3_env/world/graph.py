@@ -30,7 +30,8 @@ class Entity:
     idx: int
     kind: str
     name: str
-    title: str = ""  # the passage title: the name, disambiguated when it is shared
+    qualifier: str = ""  # what tells a shared name apart ("painter", "1987 film"); empty when unique
+
     variant_of: int | None = None
     variant: str | None = None  # namesake, remake, sibling, sequel, subsidiary, twin town
     # people
@@ -63,6 +64,12 @@ class Entity:
     children: list[int] = field(default_factory=list)
     employees: list[int] = field(default_factory=list)
     based_here: list[int] = field(default_factory=list)
+
+    @property
+    def title(self) -> str:
+        """The passage title: the name, with its qualifier in parentheses when the name is shared."""
+        return f"{self.name} ({self.qualifier})" if self.qualifier else self.name
+
     productions: list[int] = field(default_factory=list)
 
 
@@ -169,6 +176,7 @@ class World:
         roles += [""] * (n - len(roles))
         rng.shuffle(roles)
         used_names: set[str] = set()
+        self._namesake_keys: dict[str, set[tuple[str, int]]] = defaultdict(set)
         self.people_by_year = _ByYear()
         self.men_by_year = _ByYear()
         self.person_ids: list[int] = []
@@ -203,7 +211,8 @@ class World:
             namesake = None
             if person.father is None and self.person_ids and rng.random() < self.same_name_rate:
                 namesake = self.entities[rng.choice(self.person_ids)]
-                if namesake.gender != gender:
+                # a namesake must stay distinguishable by occupation and birth year
+                if namesake.gender != gender or (person.occupation, year) in self._namesake_keys[namesake.name]:
                     namesake = None
             if namesake is not None:
                 person.name, person.variant_of, person.variant = namesake.name, namesake.idx, "namesake"
@@ -212,6 +221,7 @@ class World:
             else:
                 person.name = N.unique(lambda r, f=first_names: f"{r.choice(f)} {N.make_surname(r)}", rng, used_names)
             used_names.add(person.name)
+            self._namesake_keys[person.name].add((person.occupation, year))
             if rng.random() < 0.5:
                 partner = self._pick_partner(rng, unmarried, person)
                 if partner is not None:
@@ -300,6 +310,7 @@ class World:
                 actors.add(person.birth[0], idx)
         studios = [i for i in self.org_ids if self.entities[i].org_kind == "film studio"] or self.org_ids
         used: set[str] = set()
+        title_years: dict[str, set[int]] = defaultdict(set)
         self.film_ids: list[int] = []
         for _ in range(self.sizes.films):
             base = self.entities[rng.choice(self.film_ids)] if self.film_ids else None
@@ -309,17 +320,24 @@ class World:
                 film = self._new(FILM, N.unique(lambda r, t=base.name, s=suffix: t + s, rng, used))
                 film.variant_of, film.variant = base.idx, "sequel"
                 film.year = min(2023, base.year + rng.randint(2, 6))
+                title_years[film.name].add(film.year)
                 film.genre, film.director, film.company = base.genre, base.director, base.company
                 film.lead = base.lead if rng.random() < 0.7 else actors.pick(rng, film.year - 65, film.year - 16)
             else:
                 film = self._new(FILM, "")
-                if base is not None and roll < self.near_duplicate_rate + self.same_name_rate and base.year < 2000:
+                remake_year = rng.randint(base.year + 10, 2023) if base is not None and base.year < 2000 else None
+                if (
+                    remake_year is not None
+                    and roll < self.near_duplicate_rate + self.same_name_rate
+                    and remake_year not in title_years[base.name]  # a remake stays distinguishable by its year
+                ):
                     film.name, film.variant_of, film.variant = base.name, base.idx, "remake"
-                    film.year = rng.randint(base.year + 10, 2023)
+                    film.year = remake_year
                 else:
                     film.name = N.unique(N.make_film_title, rng, used)
                     film.year = rng.randint(1915, 2023)
                 used.add(film.name)
+                title_years[film.name].add(film.year)
                 film.genre = rng.choice(N.GENRES)
                 film.director = directors.pick(rng, film.year - 75, film.year - 22) or self.people_by_year.pick(
                     rng, film.year - 75, film.year - 22
@@ -390,32 +408,37 @@ class World:
                 self.entities[person.employer].employees.append(person_id)
 
     def _disambiguate(self) -> None:
-        """Titles like Wikipedia's: a shared name gets the occupation (people) or the year (films)."""
+        """Qualifiers like Wikipedia's for shared names: the year for films, the occupation for people.
+
+        Creation keeps (title, year) of remakes and (name, occupation, birth year) of namesakes
+        unique, so the qualifiers make every title unique; a name shared across kinds gets the kind.
+        """
         groups: dict[tuple[str, str], list[Entity]] = defaultdict(list)
         for entity in self.entities:
             groups[(entity.kind, entity.name)].append(entity)
-        for (kind, name), members in groups.items():
+        for (kind, _), members in groups.items():
             if len(members) == 1:
-                members[0].title = name
                 continue
             for entity in members:
                 if kind == FILM:
-                    entity.title = f"{name} ({entity.year} film)"
+                    entity.qualifier = f"{entity.year} film"
                 elif kind == PERSON:
                     clash = sum(m.occupation == entity.occupation for m in members) > 1
-                    entity.title = (
-                        f"{name} ({entity.occupation}, born {entity.birth[0]})"
-                        if clash
-                        else f"{name} ({entity.occupation})"
-                    )
+                    entity.qualifier = f"{entity.occupation}, born {entity.birth[0]}" if clash else entity.occupation
                 else:
-                    entity.title = f"{name} ({self.country_name(entity.country)})"
-        # a remake's original and a namesake's twin are in the same group, so titles are unique unless
-        # two namesakes share occupation and birth year: number those
-        seen = Counter(e.title for e in self.entities)
+                    entity.qualifier = self.country_name(entity.country)
+        by_title: dict[str, list[Entity]] = defaultdict(list)
         for entity in self.entities:
-            if seen[entity.title] > 1:
-                entity.title = f"{entity.title} [{entity.idx}]"
+            by_title[entity.title].append(entity)
+        for members in by_title.values():
+            if len(members) > 1 and len({m.kind for m in members}) == len(members):  # same name, different kinds
+                for entity in members:
+                    kind = entity.occupation if entity.kind == PERSON else entity.org_kind or entity.kind
+                    entity.qualifier = f"{entity.qualifier}, {kind}" if entity.qualifier else kind
+        titles = Counter(e.title for e in self.entities)
+        clashes = [title for title, n in titles.items() if n > 1]
+        if clashes:
+            raise RuntimeError(f"world generator bug: titles still shared after disambiguation: {clashes[:5]}")
 
     # -- queries --------------------------------------------------------------------------------
 
@@ -424,9 +447,6 @@ class World:
 
     def demonym(self, index: int | None) -> str:
         return self.countries[index][1] if index is not None else ""
-
-    def shares_name(self, entity: Entity) -> bool:
-        return entity.title != entity.name
 
     def counts(self) -> dict[str, int]:
         return dict(Counter(e.kind for e in self.entities))

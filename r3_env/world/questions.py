@@ -149,6 +149,11 @@ class Question:
     answer_kind: str
     hops: list[Hop] = field(default_factory=list)
 
+    @property
+    def signature(self) -> tuple:
+        """What the question means: type, gold passages and answers (paraphrases share it)."""
+        return self.type, frozenset(h.entity for h in self.hops), tuple(self.answers)
+
     def to_item(self, world: World, item_id: str) -> QAItem:
         gold = list(dict.fromkeys(str(h.entity) for h in self.hops))
         return QAItem(
@@ -186,15 +191,12 @@ class QuestionMaker:
     # -- facts ----------------------------------------------------------------------------------
 
     def ref(self, entity: Entity) -> str:
-        """How a question names an entity; shared names get the detail that tells them apart."""
+        """How a question names an entity; a shared name gets the qualifier that tells it apart."""
         if entity.kind == FILM:
-            if self.world.shares_name(entity):
+            if entity.qualifier:
                 return f"the {entity.year} film {entity.name}"
             return entity.name if self.rng.random() < 0.6 else f"the film {entity.name}"
-        if entity.kind == PERSON and self.world.shares_name(entity):
-            detail = entity.title[len(entity.name) :].strip(" ()")
-            return f"{entity.name} ({detail})"
-        return entity.name
+        return entity.title
 
     def target(self, entity: Entity, fact: Fact) -> Entity | None:
         value = getattr(entity, fact.link) if fact.link else None
@@ -452,23 +454,30 @@ class QuestionMaker:
 
 
 def generate_questions(
-    world: World, count: int, mix: dict[str, float], seed_tag: str, exclude: set[str] | None = None
+    world: World, count: int, mix: dict[str, float], seed_tag: str, exclude: set[tuple] | None = None
 ) -> Iterator[Question]:
-    """Yield ``count`` distinct questions (texts not in ``exclude``), types drawn from ``mix``."""
+    """Yield ``count`` questions distinct in meaning (and from the signatures in ``exclude``).
+
+    Two questions mean the same when they have the same type, gold passages and answers (a
+    paraphrase, or the same comparison with its sides swapped). Raises ValueError when the world
+    has no room for ``count`` more, so the caller can name the setting to change.
+    """
     maker = QuestionMaker(world, random.Random(f"questions:{world.seed}:{seed_tag}"))
     seen = set(exclude or ())
     types, weights = zip(*mix.items(), strict=True)
-    made, failures = 0, 0
+    made = misses = 0
     while made < count:
         question = maker.sample(maker.rng.choices(types, weights=weights)[0])
-        if question is None or question.text in seen:
-            failures += 1
-            if failures > 50 * count + 1000:
-                raise RuntimeError(
-                    f"could only make {made} of {count} distinct questions: the world is too small "
-                    "for that many; lower the question counts or raise --entities"
+        if question is None or question.signature in seen:
+            misses += 1
+            if misses > 5000:  # thousands of draws in a row found nothing new: the world is exhausted
+                raise ValueError(
+                    f"this world holds only {made} more distinct {seed_tag} questions of the mix "
+                    f"{', '.join(f'{t}={w:g}' for t, w in mix.items())}, not {count}: lower the question count "
+                    "or raise --entities"
                 )
             continue
-        seen.add(question.text)
+        misses = 0
+        seen.add(question.signature)
         made += 1
         yield question
