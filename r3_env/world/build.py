@@ -196,15 +196,15 @@ def bm25_difficulty(corpus: Path, items: list[QAItem], k: int) -> dict[str, Any]
     neither trivial (1.0) nor hopeless for it. Works on any dataset whose metadata names
     ``supporting_passage_ids`` (and groups by ``type`` where given).
     """
-    from r3_env.retrieval.bm25 import BM25Index
+    from r3_env.retrieval.bm25 import BM25Retriever
 
-    index = BM25Index(iter_corpus(corpus))
-    results = index.search([item.question for item in items], k)
+    retriever = BM25Retriever.from_passages(iter_corpus(corpus))
+    results = retriever.search([item.question for item in items], k)
     found, recall, totals = Counter(), Counter(), Counter()
     for item, hits in zip(items, results, strict=True):
         kind = item.metadata.get("type", "all")
         gold = set(item.metadata["supporting_passage_ids"])
-        got = gold & {pid for pid, _ in hits}
+        got = gold & {hit.passage.id for hit in hits}
         totals[kind] += 1
         found[kind] += got == gold
         recall[kind] += len(got) / len(gold)

@@ -1,0 +1,82 @@
+"""``r3rag index build`` and ``r3rag retriever serve``."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from r3_env.config import add_dataclass_arguments, build_config, load_yaml
+from r3_env.retrieval.config import RetrieverConfig
+from r3_env.retrieval.index_builder import IndexBuildConfig
+from r3_env.retrieval.service import ServiceConfig
+
+
+def add_index_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("index", help="build retrieval indexes (BM25, dense faiss)")
+    commands = parser.add_subparsers(dest="index_command", metavar="ACTION", required=True)
+    build = commands.add_parser(
+        "build",
+        help="build a FlashRAG-compatible index from a corpus .jsonl",
+        description="Options follow `python -m flashrag.retriever.index_builder`. BM25 goes to SAVE_DIR/bm25/, a "
+        "dense index to SAVE_DIR/{method}_{faiss_type}.index with its embeddings beside it.",
+    )
+    build.add_argument("--config", help="YAML file of the options below; flags override it")
+    add_dataclass_arguments(build, IndexBuildConfig)
+    build.set_defaults(func=run_build)
+
+
+def run_build(args: argparse.Namespace) -> int:
+    from r3_env.retrieval.index_builder import build_index
+
+    values = load_yaml(args.config) if args.config else None
+    config = build_config(IndexBuildConfig, args, file_values=values, where=args.config or "invalid option")
+    print(f"index written to {build_index(config)}")
+    return 0
+
+
+def add_retriever_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("retriever", help="serve a retriever over HTTP")
+    commands = parser.add_subparsers(dest="retriever_command", metavar="ACTION", required=True)
+    serve = commands.add_parser(
+        "serve",
+        help="start the batched retrieval service",
+        description="Serves POST /retrieve (Search-R1), POST /search (R3-RAG), GET /health and GET /metrics. "
+        "The YAML config holds FlashRAG's retriever keys at the top level and service keys under 'service:'.",
+    )
+    serve.add_argument("--config", help="retriever.yaml; flags override it")
+    add_dataclass_arguments(serve, RetrieverConfig)
+    add_dataclass_arguments(serve, ServiceConfig, prefix="service.")
+    serve.set_defaults(func=run_serve)
+
+
+def load_serve_configs(args: argparse.Namespace) -> tuple[RetrieverConfig, ServiceConfig]:
+    values: dict[str, Any] = load_yaml(args.config) if args.config else {}
+    service_values = values.pop("service", None) or {}
+    if not isinstance(service_values, dict):
+        raise ValueError(f"{args.config}: 'service' must be a mapping of service settings")
+    where = args.config or "invalid option"
+    retriever = build_config(RetrieverConfig, args, file_values=values, where=where)
+    service = build_config(ServiceConfig, args, prefix="service.", file_values=service_values, where=f"{where} service")
+    return retriever, service
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import logging
+
+    import uvicorn
+
+    from r3_env.retrieval import load_retriever
+    from r3_env.retrieval.service import create_app
+
+    retriever_config, service_config = load_serve_configs(args)
+    retriever = load_retriever(retriever_config)  # a bad path or index fails here, before the port opens
+    describe = {"retrieval_method": retriever_config.retrieval_method, "index_path": retriever_config.index_path}
+    if hasattr(retriever, "__len__"):
+        describe["documents"] = len(retriever)
+    app = create_app(retriever, retriever_config.retrieval_topk, service_config, describe)
+    logging.getLogger(__name__).info(
+        "serving %s on http://%s:%d", retriever_config.retrieval_method, service_config.host, service_config.port
+    )
+    uvicorn.run(app, host=service_config.host, port=service_config.port, log_level="warning", access_log=False)
+    retriever.close()
+    return 0

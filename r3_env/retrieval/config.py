@@ -1,0 +1,96 @@
+"""Retriever settings, with FlashRAG's key names so a FlashRAG config block works unchanged."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DENSE_DEFAULT_INSTRUCTIONS = {
+    # (query, passage) prefixes the model families were trained with, as FlashRAG sets them.
+    "e5": ("query: ", "passage: "),
+    "bge": ("Represent this sentence for searching relevant passages: ", ""),
+}
+
+
+def default_instructions(retrieval_method: str) -> tuple[str, str]:
+    """The (query, passage) instruction prefixes for a model name (empty for unknown families)."""
+    name = retrieval_method.lower()
+    for family, prefixes in DENSE_DEFAULT_INSTRUCTIONS.items():
+        if family in name:
+            return prefixes
+    return "", ""
+
+
+@dataclass(frozen=True)
+class RetrieverConfig:
+    """How to load and query one retriever.
+
+    ``retrieval_method``: "bm25", "hybrid" (BM25 and dense fused by reciprocal rank), or the
+    name of a dense encoder ("e5", "bge", "minilm", ...; the name picks E5/BGE instructions).
+    ``index_path``: the bm25s index folder for BM25, the faiss index file for dense (and for
+    hybrid, whose BM25 side is ``bm25_index_path``).
+    """
+
+    retrieval_method: str = field(default="bm25", metadata={"help": "bm25, hybrid, or a dense encoder name"})
+    index_path: str = field(default="", metadata={"help": "bm25s index folder, or faiss index file"})
+    corpus_path: str = field(default="", metadata={"help": "the corpus .jsonl the index was built from"})
+    retrieval_topk: int = field(default=5, metadata={"help": "documents per query when a request names none"})
+    retrieval_model_path: str = field(default="", metadata={"help": "dense encoder: hub name or local folder"})
+    retrieval_pooling_method: str = field(default="mean", metadata={"help": "dense pooling: mean, cls or pooler"})
+    retrieval_query_max_length: int = field(default=256, metadata={"help": "dense query tokens"})
+    retrieval_use_fp16: bool = field(default=False, metadata={"help": "fp16 encoder (GPU only)"})
+    retrieval_batch_size: int = field(default=128, metadata={"help": "dense encoder batch size"})
+    instruction: str | None = field(default=None, metadata={"help": "query prefix (default: by model family)"})
+    use_sentence_transformer: bool = field(
+        default=False, metadata={"help": "load the encoder with sentence-transformers"}
+    )
+    faiss_gpu: bool = field(default=False, metadata={"help": "put the faiss index on the GPUs"})
+    faiss_nprobe: int = field(default=32, metadata={"help": "IVF indexes: clusters searched per query"})
+    device: str = field(default="auto", metadata={"help": "encoder device: auto, cpu, cuda"})
+    bm25_backend: str = field(default="bm25s", metadata={"help": "bm25s, or pyserini (needs Java 21+)"})
+    bm25_index_path: str = field(default="", metadata={"help": "hybrid: the BM25 side's index folder"})
+    dense_method: str = field(default="", metadata={"help": "hybrid: the dense side's encoder name (e5, bge, ...)"})
+    rrf_k: int = field(default=60, metadata={"help": "hybrid: reciprocal-rank-fusion constant"})
+    hybrid_depth: int = field(default=50, metadata={"help": "hybrid: documents each side contributes"})
+
+    def __post_init__(self) -> None:
+        if not self.index_path:
+            raise ValueError("index_path is required: the bm25s index folder or the faiss index file")
+        if self.retrieval_method != "bm25" and not self.corpus_path:
+            raise ValueError(f"corpus_path is required for retrieval_method {self.retrieval_method!r}")
+        if self.retrieval_method == "hybrid" and not (self.bm25_index_path and self.dense_method):
+            raise ValueError(
+                "retrieval_method 'hybrid' needs bm25_index_path (the BM25 side) and dense_method "
+                "(the dense side's encoder name, e.g. e5)"
+            )
+        if self.retrieval_method not in ("bm25",) and not self.retrieval_model_path:
+            raise ValueError(f"retrieval_model_path is required for dense method {self.retrieval_method!r}")
+        if self.retrieval_pooling_method not in ("mean", "cls", "pooler"):
+            raise ValueError(
+                f"retrieval_pooling_method must be mean, cls or pooler, got {self.retrieval_pooling_method!r}"
+            )
+        if self.bm25_backend not in ("bm25s", "pyserini"):
+            raise ValueError(f"bm25_backend must be bm25s or pyserini, got {self.bm25_backend!r}")
+        for name in (
+            "retrieval_topk",
+            "retrieval_batch_size",
+            "retrieval_query_max_length",
+            "rrf_k",
+            "hybrid_depth",
+            "faiss_nprobe",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+
+    @property
+    def is_dense(self) -> bool:
+        return self.retrieval_method not in ("bm25", "hybrid")
+
+    @property
+    def encoder_name(self) -> str:
+        """The dense encoder's family name (hybrid's dense side included)."""
+        return self.dense_method if self.retrieval_method == "hybrid" else self.retrieval_method
+
+    def query_instruction(self) -> str:
+        if self.instruction is not None:
+            return self.instruction.strip() + " " if self.instruction.strip() else ""
+        return default_instructions(self.encoder_name)[0]
