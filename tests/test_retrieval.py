@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -492,6 +493,55 @@ def test_flashrag_built_dense_index_serves(built, tmp_path, monkeypatch):
     queries = built["questions"][:10]
     with load_retriever(ours) as a, load_retriever(theirs) as b:
         assert ids(a.search(queries, 5)) == ids(b.search(queries, 5))
+
+
+def test_launch_script_resolves_a_command_the_cli_accepts():
+    from conftest import ROOT
+
+    from r3_env.cli import build_parser
+
+    env = {**os.environ, "CONFIG": "r.yaml", "FAISS_GPU": "false", "PORT": "9001", "R3RAG_RETRIEVER_API_KEY": "k"}
+    result = subprocess.run(
+        ["bash", "launch/serve_retriever.sh", "--dry-run", "--retrieval_topk", "3"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    command = result.stdout.split()
+    assert command == [
+        "r3rag",
+        "retriever",
+        "serve",
+        "--config",
+        "r.yaml",
+        "--service.host",
+        "0.0.0.0",
+        "--service.port",
+        "9001",
+        "--no-faiss_gpu",
+        "--retrieval_topk",
+        "3",
+    ]
+    args = build_parser().parse_args(command[1:])
+    assert (args.config, args.faiss_gpu, getattr(args, "service.port"), args.retrieval_topk) == (
+        "r.yaml",
+        False,
+        9001,
+        3,
+    )
+    assert "warning" not in result.stderr
+
+
+def test_service_reads_its_key_from_the_environment(built, monkeypatch):
+    from r3_env.cli import build_parser
+    from r3_env.retrieval.cli import load_serve_configs
+
+    monkeypatch.setenv("R3RAG_RETRIEVER_API_KEY", "from-env")
+    args = build_parser().parse_args(["retriever", "serve", "--index_path", str(built["bm25"])])
+    assert load_serve_configs(args)[1].api_key == "from-env"
+    assert RetrievalClient("http://127.0.0.1:1").headers == {"Authorization": "Bearer from-env"}
 
 
 def test_build_bm25_without_a_corpus_copy_uses_corpus_path(built, tmp_path):

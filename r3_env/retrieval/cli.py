@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 from typing import Any
 
 from r3_env.config import add_dataclass_arguments, build_config, load_yaml
+from r3_env.retrieval.client import API_KEY_ENV
 from r3_env.retrieval.config import RetrieverConfig
 from r3_env.retrieval.index_builder import IndexBuildConfig
 from r3_env.retrieval.service import ServiceConfig
@@ -57,6 +60,8 @@ def load_serve_configs(args: argparse.Namespace) -> tuple[RetrieverConfig, Servi
     where = args.config or "invalid option"
     retriever = build_config(RetrieverConfig, args, file_values=values, where=where)
     service = build_config(ServiceConfig, args, prefix="service.", file_values=service_values, where=f"{where} service")
+    if not service.api_key and os.environ.get(API_KEY_ENV):
+        service = dataclasses.replace(service, api_key=os.environ[API_KEY_ENV])
     return retriever, service
 
 

@@ -3,13 +3,14 @@
 Both batch queries into ``/retrieve`` calls of at most ``max_batch`` queries, time out, and retry
 a bounded number of times with exponential backoff when the service is unreachable, overloaded
 (429) or failing (5xx). A 4xx answer is the caller's mistake and is raised at once with the
-service's explanation.
+service's explanation. The bearer token defaults to ``$R3RAG_RETRIEVER_API_KEY``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +22,9 @@ from r3_env.data import Passage
 from r3_env.retrieval.base import Hit, Retriever, check_k
 
 logger = logging.getLogger(__name__)
+
+# The bearer token of the retrieval service, read by the service and the clients alike.
+API_KEY_ENV = "R3RAG_RETRIEVER_API_KEY"
 
 
 class RetrievalServiceError(RuntimeError):
@@ -78,6 +82,7 @@ class _Base:
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.policy = RetryPolicy(retries=retries, backoff=backoff)
+        api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.max_batch = max_batch
 

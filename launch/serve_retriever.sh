@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Start the r3rag retrieval service on a cluster node.
+#
+#   CONFIG=retriever.yaml bash launch/serve_retriever.sh [--dry-run] [more r3rag retriever serve flags]
+#
+# Variables (defaults in brackets):
+#   CONFIG     retriever.yaml with FlashRAG's retriever keys (retrieval_method, index_path, corpus_path, ...)
+#   HOST       bind address [0.0.0.0: trainer nodes must reach it; set R3RAG_RETRIEVER_API_KEY]
+#   PORT       port [8000]
+#   FAISS_GPU  auto|true|false [auto: put the faiss index on the GPUs when faiss sees any]
+#   R3RAG      the r3rag command [r3rag]
+#   R3RAG_RETRIEVER_API_KEY  bearer token clients must send (read from the environment, never the command line)
+set -euo pipefail
+
+dry_run=0
+extra=()
+for arg in "$@"; do
+    if [[ "$arg" == "--dry-run" ]]; then dry_run=1; else extra+=("$arg"); fi
+done
+
+CONFIG="${CONFIG:?set CONFIG to a retriever.yaml (see README, Retrieval)}"
+HOST="${HOST:-0.0.0.0}"
+PORT="${PORT:-8000}"
+FAISS_GPU="${FAISS_GPU:-auto}"
+R3RAG="${R3RAG:-r3rag}"
+
+if [[ "$FAISS_GPU" == "auto" ]]; then
+    if python3 -c "import faiss, sys; sys.exit(0 if faiss.get_num_gpus() > 0 else 1)" 2>/dev/null; then
+        FAISS_GPU=true
+    else
+        FAISS_GPU=false
+    fi
+fi
+
+cmd=("$R3RAG" retriever serve --config "$CONFIG" --service.host "$HOST" --service.port "$PORT")
+if [[ "$FAISS_GPU" == "true" ]]; then cmd+=(--faiss_gpu); else cmd+=(--no-faiss_gpu); fi
+cmd+=("${extra[@]}")
+
+if [[ "$HOST" != "127.0.0.1" && -z "${R3RAG_RETRIEVER_API_KEY:-}" ]]; then
+    echo "warning: serving on $HOST without R3RAG_RETRIEVER_API_KEY: anyone on the network can query it" >&2
+fi
+if (( dry_run )); then
+    printf '%q ' "${cmd[@]}"
+    echo
+    exit 0
+fi
+exec "${cmd[@]}"
