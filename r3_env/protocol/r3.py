@@ -34,6 +34,7 @@ from r3_env.protocol.base import (
 ANALYSIS = "The problem analysis:"
 QUERY = "The retrieval query:"
 ANSWER = "The final answer:"
+QUESTION = "Question: "
 
 _KIND_BY_WORDS = {"problem analysis": "analysis", "retrieval query": "query", "final answer": "answer"}
 
@@ -50,6 +51,7 @@ _STEP_HEADER = re.compile(
     r"^[ \t]*(?:#{1,6}[ \t]*)?(?:\*\*)?[ \t]*step[ \t]*\d+[ \t]*(?:\*\*)?[ \t]*[:.]?[ \t]*(?:\*\*)?[ \t]*$", re.I
 )
 _QUESTION = re.compile(r"[^?]*\?")
+_DOC_HEADER = re.compile(r"^\[(\d+)\] (.*)$")
 _QUOTED = re.compile(r'"[^"]*"|\u201c[^\u201d]*\u201d')
 
 
@@ -99,7 +101,7 @@ class R3Format(StepFormat):
         question = " ".join(question.split())
         if not question:
             raise ValueError("question is empty")
-        return f"Question: {question}"
+        return f"{QUESTION}{question}"
 
     def render_step(self, step: Step) -> str:
         if not step.analysis:
@@ -185,6 +187,24 @@ class R3Format(StepFormat):
             text = truncate_text(doc.text, doc_chars) if doc.text.strip() else ""
             blocks.append(f"[{i}] {' '.join(doc.title.split()) or '(untitled)'}" + (f"\n{text}" if text else ""))
         return header + "\n" + "\n\n".join(blocks)
+
+    def parse_documents(self, text: str) -> list[Passage]:
+        # render_documents writes a header line, then blank-line separated "[i] title" + text blocks
+        _, _, body = normalize_newlines(text).strip().partition("\n")
+        documents: list[Passage] = []
+        for block in body.split("\n\n"):
+            head, _, rest = block.partition("\n")
+            match = _DOC_HEADER.match(head)
+            if match:
+                documents.append(Passage.from_title_text(match.group(1), match.group(2).strip(), rest.strip()))
+        return documents
+
+    def find_question(self, text: str) -> str | None:
+        found = None
+        for line in normalize_newlines(text).split("\n"):
+            if line.startswith(QUESTION):
+                found = line[len(QUESTION) :].strip() or None
+        return found
 
     def find_answer(self, text: str) -> str | None:
         lines = normalize_newlines(text).split("\n")

@@ -68,10 +68,9 @@ def load_serve_configs(args: argparse.Namespace) -> tuple[RetrieverConfig, Servi
 def run_serve(args: argparse.Namespace) -> int:
     import logging
 
-    import uvicorn
-
     from r3_env.retrieval import load_retriever
     from r3_env.retrieval.service import create_app
+    from r3_env.serving import serve
 
     retriever_config, service_config = load_serve_configs(args)
     retriever = load_retriever(retriever_config)  # a bad path or index fails here, before the port opens
@@ -82,6 +81,6 @@ def run_serve(args: argparse.Namespace) -> int:
     logging.getLogger(__name__).info(
         "serving %s on http://%s:%d", retriever_config.retrieval_method, service_config.host, service_config.port
     )
-    uvicorn.run(app, host=service_config.host, port=service_config.port, log_level="warning", access_log=False)
+    serve(app, service_config.host, service_config.port)
     retriever.close()
     return 0

@@ -15,7 +15,6 @@ the same batch are searched once.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from collections import OrderedDict
@@ -25,11 +24,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi import Depends, FastAPI, HTTPException
+from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, Field
 
 from r3_env.retrieval.base import Hit, Retriever
+from r3_env.serving import bearer_auth, install_guards
 
 logger = logging.getLogger(__name__)
 
@@ -214,36 +214,12 @@ def create_app(
     app = FastAPI(title="r3rag retrieval service", version="1", lifespan=lifespan)
     app.state.searcher = searcher
 
-    @app.middleware("http")
-    async def _bound_and_measure(request: Request, call_next):
-        begin = time.perf_counter()
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > config.max_body_bytes:
-            response = JSONResponse(
-                status_code=413,
-                content={
-                    "detail": f"request body of {length} bytes exceeds max_body_bytes={config.max_body_bytes}; "
-                    "send fewer or shorter queries per request"
-                },
-            )
-        else:
-            response = await call_next(request)
-        endpoint = request.url.path
-        metrics.requests.labels(endpoint, str(response.status_code)).inc()
-        metrics.latency.labels(endpoint).observe(time.perf_counter() - begin)
-        return response
+    def observe(endpoint: str, status: int, seconds: float) -> None:
+        metrics.requests.labels(endpoint, str(status)).inc()
+        metrics.latency.labels(endpoint).observe(seconds)
 
-    def authorize(request: Request) -> None:
-        if not config.api_key:
-            return
-        header = request.headers.get("authorization", "")
-        token = header[7:] if header.lower().startswith("bearer ") else ""
-        if not hmac.compare_digest(token.encode(), config.api_key.encode()):
-            raise HTTPException(
-                status_code=401,
-                detail="missing or wrong bearer token (Authorization: Bearer KEY)",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
+    install_guards(app, config.max_body_bytes, observe)
+    authorize = bearer_auth(config.api_key)
 
     def check(queries: Sequence[str], topk: int | None) -> int:
         k = default_topk if topk is None else topk

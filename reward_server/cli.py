@@ -1,0 +1,69 @@
+"""``r3rag reward serve``: the judge service for relevance, correctness and whole-transcript rewards."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+
+from r3_env.config import add_dataclass_arguments, build_config, load_yaml
+from reward_server.config import (
+    JUDGE_API_KEY_ENV,
+    REWARD_API_KEY_ENV,
+    JudgeConfig,
+    RewardConfig,
+    RewardServiceConfig,
+)
+
+SECTIONS = (("judge", JudgeConfig), ("reward", RewardConfig), ("service", RewardServiceConfig))
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("reward", help="serve the LLM judge (relevance, correctness, rewards)")
+    commands = parser.add_subparsers(dest="reward_command", metavar="ACTION", required=True)
+    serve = commands.add_parser(
+        "serve",
+        help="start the reward server",
+        description="Serves POST /relevance, /correctness and /get_reward (OpenRLHF's remote reward), GET /health "
+        "and /metrics. reward.yaml has three mappings: judge, reward and service.",
+    )
+    serve.add_argument("--config", help="reward.yaml; flags override it")
+    for name, cls in SECTIONS:
+        add_dataclass_arguments(serve, cls, prefix=f"{name}.")
+    serve.set_defaults(func=run_serve)
+
+
+def load_configs(args: argparse.Namespace) -> tuple[JudgeConfig, RewardConfig, RewardServiceConfig]:
+    values = load_yaml(args.config) if args.config else {}
+    unknown = set(values) - {name for name, _ in SECTIONS}
+    if unknown:
+        raise ValueError(f"{args.config}: unknown section(s) {sorted(unknown)}; use judge, reward and service")
+    configs = []
+    for name, cls in SECTIONS:
+        section = values.get(name) or {}
+        if not isinstance(section, dict):
+            raise ValueError(f"{args.config}: '{name}' must be a mapping of settings")
+        configs.append(
+            build_config(cls, args, prefix=f"{name}.", file_values=section, where=f"{args.config or 'option'} {name}")
+        )
+    judge, reward, service = configs
+    if not judge.api_key and os.environ.get(JUDGE_API_KEY_ENV):
+        judge = dataclasses.replace(judge, api_key=os.environ[JUDGE_API_KEY_ENV])
+    if not service.api_key and os.environ.get(REWARD_API_KEY_ENV):
+        service = dataclasses.replace(service, api_key=os.environ[REWARD_API_KEY_ENV])
+    return judge, reward, service
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import logging
+
+    from r3_env.serving import serve
+    from reward_server.app import create_app
+
+    judge, reward, service = load_configs(args)
+    app = create_app(judge, reward, service)
+    logging.getLogger(__name__).info(
+        "reward server (%s judge, %s scheme) on http://%s:%d", judge.backend, reward.scheme, service.host, service.port
+    )
+    serve(app, service.host, service.port)
+    return 0

@@ -1,0 +1,91 @@
+"""Reward-server settings: the judge, the reward scheme for /get_reward, and the HTTP service.
+
+In ``reward.yaml`` they are three mappings, ``judge:``, ``reward:`` and ``service:``; on the
+command line, dotted flags (``--judge.backend lexical``, ``--service.port 8002``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+JUDGE_API_KEY_ENV = "R3RAG_JUDGE_API_KEY"
+REWARD_API_KEY_ENV = "R3RAG_REWARD_API_KEY"
+
+
+@dataclass(frozen=True)
+class JudgeConfig:
+    """Which judge answers, and how it is bounded, retried, parsed and cached."""
+
+    backend: Literal["openai", "local", "lexical"] = field(
+        default="openai",
+        metadata={
+            "help": "openai (any OpenAI-compatible endpoint, e.g. vllm serve), local "
+            "(a transformers model in process) or lexical (no model; a baseline)"
+        },
+    )
+    base_url: str = field(default="http://127.0.0.1:8001/v1", metadata={"help": "openai: the endpoint's /v1 URL"})
+    model: str = field(default="Qwen/Qwen2.5-14B-Instruct", metadata={"help": "openai: the served model name"})
+    api_key: str = field(default="", metadata={"help": f"openai: bearer token (default ${JUDGE_API_KEY_ENV})"})
+    model_path: str = field(default="", metadata={"help": "local: model folder or hub name"})
+    device: str = field(default="auto", metadata={"help": "local: auto, cpu or cuda"})
+    max_in_flight: int = field(default=64, metadata={"help": "judge requests in flight at most"})
+    timeout_s: float = field(default=60.0, metadata={"help": "seconds per judge request"})
+    retries: int = field(default=2, metadata={"help": "retries of a failed judge request"})
+    backoff_s: float = field(default=0.5, metadata={"help": "first retry delay, doubled each time"})
+    temperature: float = field(default=0.0, metadata={"help": "sampling temperature of the judge"})
+    max_tokens: int = field(default=256, metadata={"help": "tokens the judge may write"})
+    snap_to_tenths: bool = field(default=False, metadata={"help": "round relevance to 0.1 steps (the paper's)"})
+    relevance_fallback: float = field(default=0.0, metadata={"help": "relevance used when the judge fails"})
+    correctness_fallback: bool = field(default=False, metadata={"help": "verdict used when the judge fails"})
+    cache_path: str = field(default="", metadata={"help": "sqlite file of judgements kept across restarts"})
+    doc_chars: int = field(default=512, metadata={"help": "characters of each document shown to the judge"})
+
+    def __post_init__(self) -> None:
+        if self.backend == "local" and not self.model_path:
+            raise ValueError("judge.model_path is required for the local backend")
+        if not 0.0 <= self.relevance_fallback <= 1.0:
+            raise ValueError("judge.relevance_fallback must lie in [0, 1]")
+        for name in ("max_in_flight", "max_tokens", "doc_chars"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"judge.{name} must be at least 1")
+        if self.retries < 0 or self.timeout_s <= 0:
+            raise ValueError("judge.retries must be 0 or more and judge.timeout_s positive")
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """How /get_reward reads transcripts and turns them into rewards."""
+
+    scheme: str = field(default="r3", metadata={"help": "reward scheme (r3_env.rewards)"})
+    scheme_options: dict[str, Any] = field(default_factory=dict, metadata={"help": "the scheme's constants (JSON)"})
+    step_format: str = field(default="r3", metadata={"help": "step format of the policy (r3_env.protocol)"})
+    policy_tokenizer: str = field(
+        default="",
+        metadata={
+            "help": "the policy's tokenizer (folder or hub name): its chat template splits transcripts into turns"
+        },
+    )
+    chat_template: str = field(default="auto", metadata={"help": "auto, plain, or a Jinja template"})
+    max_steps: int = field(default=5, metadata={"help": "steps an episode may take"})
+
+    def __post_init__(self) -> None:
+        from r3_env.protocol import get_format
+        from r3_env.rewards import get_scheme
+
+        try:
+            get_scheme(self.scheme, **self.scheme_options)
+        except TypeError as error:
+            raise ValueError(f"reward.scheme_options do not fit the {self.scheme!r} scheme: {error}") from None
+        get_format(self.step_format)
+        if self.max_steps < 1:
+            raise ValueError("reward.max_steps must be at least 1")
+
+
+@dataclass(frozen=True)
+class RewardServiceConfig:
+    host: str = field(default="127.0.0.1", metadata={"help": "bind address"})
+    port: int = field(default=8002, metadata={"help": "port"})
+    api_key: str = field(default="", metadata={"help": f"require this bearer token (default ${REWARD_API_KEY_ENV})"})
+    max_items: int = field(default=4096, metadata={"help": "limit: items (or transcripts) per request"})
+    max_body_bytes: int = field(default=32_000_000, metadata={"help": "limit: request body size"})

@@ -1,0 +1,137 @@
+"""Chat backends for the LLM judge: an OpenAI-compatible endpoint, or a transformers model in process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from abc import ABC, abstractmethod
+from typing import Any
+
+import httpx
+
+from reward_server.config import JUDGE_API_KEY_ENV
+
+logger = logging.getLogger(__name__)
+
+
+class JudgeUnavailable(RuntimeError):
+    """The judge could not be asked (down, timing out, failing, or rejecting the request)."""
+
+
+class ChatBackend(ABC):
+    """Turns chat messages into the judge's reply text."""
+
+    model_id: str  # names the judge in results, metrics and cache keys
+
+    @abstractmethod
+    async def chat(self, messages: list[dict[str, str]]) -> str: ...
+
+    async def close(self) -> None:  # noqa: B027 - backends without connections have nothing to close
+        pass
+
+
+class OpenAIChatBackend(ChatBackend):
+    """POST {base_url}/chat/completions, as ``vllm serve`` and any OpenAI-compatible server expose it.
+
+    Connection errors, timeouts, 429 and 5xx are retried ``retries`` times with exponential backoff.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str = "",
+        timeout_s: float = 60.0,
+        retries: int = 2,
+        backoff_s: float = 0.5,
+        temperature: float = 0.0,
+        max_tokens: int = 256,
+        max_connections: int = 64,
+    ) -> None:
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.model = model
+        self.model_id = f"openai:{model}"
+        self.retries, self.backoff_s = retries, backoff_s
+        self.sampling = {"temperature": temperature, "max_tokens": max_tokens}
+        key = api_key or os.environ.get(JUDGE_API_KEY_ENV, "")
+        self._http = httpx.AsyncClient(
+            timeout=timeout_s,
+            headers={"Authorization": f"Bearer {key}"} if key else {},
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        )
+
+    async def chat(self, messages: list[dict[str, str]]) -> str:
+        body = {"model": self.model, "messages": messages, **self.sampling}
+        problem = ""
+        for attempt in range(self.retries + 1):
+            try:
+                response = await self._http.post(self.url, json=body)
+            except httpx.TimeoutException:
+                problem = "timed out"
+            except httpx.TransportError as error:
+                problem = f"unreachable ({type(error).__name__})"
+            else:
+                if response.status_code == 200:
+                    return _reply_text(response.json())
+                if response.status_code != 429 and response.status_code < 500:
+                    raise JudgeUnavailable(
+                        f"judge at {self.url} rejected the request ({response.status_code}): {response.text[:300]}"
+                    )
+                problem = f"HTTP {response.status_code}"
+            if attempt < self.retries:
+                await asyncio.sleep(self.backoff_s * 2**attempt)
+        raise JudgeUnavailable(f"judge at {self.url} {problem} after {self.retries + 1} attempts")
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+
+def _reply_text(payload: dict[str, Any]) -> str:
+    try:
+        content = payload["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError):
+        raise JudgeUnavailable(f"the judge's answer has no choices[0].message.content: {str(payload)[:300]}") from None
+    return content if isinstance(content, str) else ""
+
+
+class LocalHFBackend(ChatBackend):
+    """A transformers causal LM in this process, greedy decoding, one request at a time (a worker thread)."""
+
+    def __init__(self, model_path: str, device: str = "auto", max_tokens: int = 256) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from r3_env.retrieval.encoder import resolve_device
+
+        self.device = resolve_device(device)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        dtype = torch.bfloat16 if self.device != "cpu" else torch.float32
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=dtype).to(self.device).eval()
+        self.model_id = f"local:{model_path}"
+        self.max_tokens = max_tokens
+        self._lock = threading.Lock()
+
+    def _generate(self, messages: list[dict[str, str]]) -> str:
+        import torch
+
+        if self.tokenizer.chat_template:
+            prompt = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        else:
+            prompt = "\n\n".join(f"{m['role']}: {m['content']}" for m in messages) + "\n\nassistant: "
+        inputs = self.tokenizer(prompt, return_tensors="pt", add_special_tokens=False).to(self.device)
+        with self._lock, torch.inference_mode():
+            output = self.model.generate(
+                **inputs,
+                max_new_tokens=self.max_tokens,
+                do_sample=False,
+                pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id,
+            )
+        return self.tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+
+    async def chat(self, messages: list[dict[str, str]]) -> str:
+        try:
+            return await asyncio.to_thread(self._generate, messages)
+        except Exception as error:  # a model failure is a judge failure: flagged, never raised to the trainer
+            raise JudgeUnavailable(f"local judge {self.model_id} failed: {type(error).__name__}: {error}") from error
