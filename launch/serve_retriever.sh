@@ -12,11 +12,9 @@
 #   R3RAG_RETRIEVER_API_KEY  bearer token clients must send (read from the environment, never the command line)
 set -euo pipefail
 
-dry_run=0
-extra=()
-for arg in "$@"; do
-    if [[ "$arg" == "--dry-run" ]]; then dry_run=1; else extra+=("$arg"); fi
-done
+# shellcheck source=launch/lib.sh
+source "$(dirname "$0")/lib.sh"
+split_dry_run "$@"
 
 CONFIG="${CONFIG:?set CONFIG to a retriever.yaml (see README, Retrieval)}"
 HOST="${HOST:-0.0.0.0}"
@@ -40,8 +38,7 @@ if [[ "$HOST" != "127.0.0.1" && -z "${R3RAG_RETRIEVER_API_KEY:-}" ]]; then
     echo "warning: serving on $HOST without R3RAG_RETRIEVER_API_KEY: anyone on the network can query it" >&2
 fi
 if (( dry_run )); then
-    printf '%q ' "${cmd[@]}"
-    echo
+    print_command "${cmd[@]}"
     exit 0
 fi
 exec "${cmd[@]}"

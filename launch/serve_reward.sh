@@ -17,11 +17,9 @@
 #   R3RAG_REWARD_API_KEY  bearer token clients must send (read from the environment)
 set -euo pipefail
 
-dry_run=0
-extra=()
-for arg in "$@"; do
-    if [[ "$arg" == "--dry-run" ]]; then dry_run=1; else extra+=("$arg"); fi
-done
+# shellcheck source=launch/lib.sh
+source "$(dirname "$0")/lib.sh"
+split_dry_run "$@"
 
 JUDGE_MODEL="${JUDGE_MODEL:-Qwen/Qwen2.5-14B-Instruct}"
 JUDGE_PORT="${JUDGE_PORT:-8001}"
@@ -47,9 +45,8 @@ reward_cmd+=(--judge.backend openai --judge.base_url "$JUDGE_URL" --judge.model 
     --service.host "$HOST" --service.port "$PORT" "${extra[@]}")
 
 if (( dry_run )); then
-    if (( start_judge )); then printf '%q ' "${judge_cmd[@]}"; echo; fi
-    printf '%q ' "${reward_cmd[@]}"
-    echo
+    if (( start_judge )); then print_command "${judge_cmd[@]}"; fi
+    print_command "${reward_cmd[@]}"
     exit 0
 fi
 

@@ -136,3 +136,30 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of keys to values")
     return data
+
+
+def configs_from_args(args: argparse.Namespace, sections: list[tuple[str, type]]) -> list[Any]:
+    """One config per (prefix, class), from ``--config FILE`` (when given) overridden by flags.
+
+    Prefix "" takes the file's top-level keys; prefix "name." takes the mapping under ``name:``.
+    """
+    path = getattr(args, "config", None)
+    values = load_yaml(path) if path else {}
+    nested = {prefix.rstrip("."): cls for prefix, cls in sections if prefix}
+    allowed = set(nested) | {f.name for prefix, cls in sections if not prefix for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - allowed)
+    if unknown:
+        raise ConfigError(f"{path}: unknown key {unknown[0]!r}; valid keys: {', '.join(sorted(allowed))}")
+    configs = []
+    for prefix, cls in sections:
+        name = prefix.rstrip(".")
+        if prefix:
+            section = values.get(name) or {}
+            if not isinstance(section, dict):
+                raise ConfigError(f"{path}: '{name}' must be a mapping of {name} settings")
+            where = f"{path or 'invalid option'} ({name})"
+        else:
+            section = {key: value for key, value in values.items() if key not in nested}
+            where = path or "invalid option"
+        configs.append(build_config(cls, args, prefix=prefix, file_values=section, where=where))
+    return configs

@@ -10,8 +10,8 @@ import hmac
 import time
 from collections.abc import Callable
 
-from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 
 def bearer_auth(api_key: str) -> Callable[[Request], None]:
@@ -32,8 +32,17 @@ def bearer_auth(api_key: str) -> Callable[[Request], None]:
     return authorize
 
 
-def install_guards(app: FastAPI, max_body_bytes: int, observe: Callable[[str, int, float], None]) -> None:
-    """Reject bodies over ``max_body_bytes`` with 413 and report (endpoint, status, seconds) of every request."""
+def install_common(
+    app: FastAPI, api_key: str, max_body_bytes: int, requests, latency, registry
+) -> Callable[[Request], None]:
+    """Body-size limit (413), request metrics, and ``GET /metrics``; returns the auth dependency.
+
+    ``requests`` is a Prometheus counter labelled (endpoint, status), ``latency`` a histogram
+    labelled (endpoint), both in ``registry``, which ``/metrics`` renders.
+    """
+    from prometheus_client import generate_latest
+
+    authorize = bearer_auth(api_key)
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
@@ -49,8 +58,15 @@ def install_guards(app: FastAPI, max_body_bytes: int, observe: Callable[[str, in
             )
         else:
             response = await call_next(request)
-        observe(request.url.path, response.status_code, time.perf_counter() - begin)
+        requests.labels(request.url.path, str(response.status_code)).inc()
+        latency.labels(request.url.path).observe(time.perf_counter() - begin)
         return response
+
+    @app.get("/metrics", dependencies=[Depends(authorize)])
+    async def prometheus() -> PlainTextResponse:
+        return PlainTextResponse(generate_latest(registry), media_type="text/plain; version=0.0.4")
+
+    return authorize
 
 
 def serve(app: FastAPI, host: str, port: int) -> None:

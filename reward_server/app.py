@@ -15,12 +15,11 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException
-from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, Field
 
 from r3_env.protocol import ChatRenderer
 from r3_env.rewards import RewardScheme, get_scheme
-from r3_env.serving import bearer_auth, install_guards
+from r3_env.serving import install_common
 from reward_server.config import JudgeConfig, RewardConfig, RewardServiceConfig
 from reward_server.judges import CorrectnessItem, Judge, RelevanceItem, make_judge
 from reward_server.metrics import RewardMetrics
@@ -96,12 +95,9 @@ def create_app(
     app = FastAPI(title="r3rag reward server", version="1", lifespan=lifespan)
     app.state.judge = judge
 
-    def observe(endpoint: str, status: int, seconds: float) -> None:
-        metrics.requests.labels(endpoint, str(status)).inc()
-        metrics.latency.labels(endpoint).observe(seconds)
-
-    install_guards(app, service.max_body_bytes, observe)
-    authorize = bearer_auth(service.api_key)
+    authorize = install_common(
+        app, service.api_key, service.max_body_bytes, metrics.requests, metrics.latency, metrics.registry
+    )
 
     def bound(count: int, what: str) -> None:
         if count > service.max_items:
@@ -151,9 +147,5 @@ def create_app(
             "get_reward": renderer is not None,
             "uptime_s": round(time.time() - started, 1),
         }
-
-    @app.get("/metrics", dependencies=[Depends(authorize)])
-    async def prometheus() -> PlainTextResponse:
-        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
 
     return app

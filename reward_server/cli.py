@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 import os
 
-from r3_env.config import add_dataclass_arguments, build_config, load_yaml
+from r3_env.config import add_dataclass_arguments, configs_from_args
 from reward_server.config import (
     JUDGE_API_KEY_ENV,
     REWARD_API_KEY_ENV,
@@ -34,19 +34,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def load_configs(args: argparse.Namespace) -> tuple[JudgeConfig, RewardConfig, RewardServiceConfig]:
-    values = load_yaml(args.config) if args.config else {}
-    unknown = set(values) - {name for name, _ in SECTIONS}
-    if unknown:
-        raise ValueError(f"{args.config}: unknown section(s) {sorted(unknown)}; use judge, reward and service")
-    configs = []
-    for name, cls in SECTIONS:
-        section = values.get(name) or {}
-        if not isinstance(section, dict):
-            raise ValueError(f"{args.config}: '{name}' must be a mapping of settings")
-        configs.append(
-            build_config(cls, args, prefix=f"{name}.", file_values=section, where=f"{args.config or 'option'} {name}")
-        )
-    judge, reward, service = configs
+    judge, reward, service = configs_from_args(args, [(f"{name}.", cls) for name, cls in SECTIONS])
     if not judge.api_key and os.environ.get(JUDGE_API_KEY_ENV):
         judge = dataclasses.replace(judge, api_key=os.environ[JUDGE_API_KEY_ENV])
     if not service.api_key and os.environ.get(REWARD_API_KEY_ENV):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -41,6 +41,3 @@ class RewardMetrics:
             "r3rag_reward_match_answers_total", "correctness settled by string match", registry=r
         )
         self.in_flight = Gauge("r3rag_reward_judge_in_flight", "judge requests in flight", registry=r)
-
-    def render(self) -> bytes:
-        return generate_latest(self.registry)

@@ -78,3 +78,32 @@ def test_yaml_errors(tmp_path):
         load_yaml(tmp_path / "bad.yaml")
     (tmp_path / "empty.yaml").write_text("")
     assert load_yaml(tmp_path / "empty.yaml") == {}
+
+
+@dataclass(frozen=True)
+class Service:
+    port: int = 8000
+    host: str = "127.0.0.1"
+
+
+def test_configs_from_args_reads_top_level_and_nested_sections(tmp_path):
+    from r3_env.config import configs_from_args
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config")
+    add_dataclass_arguments(parser, Example)
+    add_dataclass_arguments(parser, Service, prefix="service.")
+    (tmp_path / "c.yaml").write_text("lr: 2.0e-6\nservice:\n  port: 9000\n  host: 0.0.0.0\n")
+    args = parser.parse_args(["--config", str(tmp_path / "c.yaml"), "--service.port", "9100"])
+    example, service = configs_from_args(args, [("", Example), ("service.", Service)])
+    assert example == Example(lr=2e-6) and service == Service(port=9100, host="0.0.0.0")
+    (tmp_path / "bad.yaml").write_text("lr: 1.0\nservise: {}\n")
+    with pytest.raises(ConfigError, match="unknown key 'servise'; valid keys: .*service"):
+        configs_from_args(
+            parser.parse_args(["--config", str(tmp_path / "bad.yaml")]), [("", Example), ("service.", Service)]
+        )
+    (tmp_path / "flat.yaml").write_text("service: 8000\n")
+    with pytest.raises(ConfigError, match="'service' must be a mapping"):
+        configs_from_args(
+            parser.parse_args(["--config", str(tmp_path / "flat.yaml")]), [("", Example), ("service.", Service)]
+        )

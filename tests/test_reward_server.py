@@ -427,7 +427,7 @@ def test_config_errors_are_clear(tmp_path):
         text=True,
         timeout=120,
     )
-    assert result.returncode == 2 and "unknown section(s) ['judges']" in result.stderr
+    assert result.returncode == 2 and "unknown key 'judges'; valid keys: judge, reward, service" in result.stderr
     result = subprocess.run(
         [sys.executable, "-m", "r3_env.cli", "reward", "serve", "--judge.backend", "local"],
         capture_output=True,

@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-from typing import Any
 
-from r3_env.config import add_dataclass_arguments, build_config, load_yaml
+from r3_env.config import add_dataclass_arguments, configs_from_args
 from r3_env.retrieval.client import API_KEY_ENV
 from r3_env.retrieval.config import RetrieverConfig
 from r3_env.retrieval.index_builder import IndexBuildConfig
@@ -31,8 +30,7 @@ def add_index_parser(subparsers: argparse._SubParsersAction) -> None:
 def run_build(args: argparse.Namespace) -> int:
     from r3_env.retrieval.index_builder import build_index
 
-    values = load_yaml(args.config) if args.config else None
-    config = build_config(IndexBuildConfig, args, file_values=values, where=args.config or "invalid option")
+    [config] = configs_from_args(args, [("", IndexBuildConfig)])
     print(f"index written to {build_index(config)}")
     return 0
 
@@ -53,13 +51,7 @@ def add_retriever_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def load_serve_configs(args: argparse.Namespace) -> tuple[RetrieverConfig, ServiceConfig]:
-    values: dict[str, Any] = load_yaml(args.config) if args.config else {}
-    service_values = values.pop("service", None) or {}
-    if not isinstance(service_values, dict):
-        raise ValueError(f"{args.config}: 'service' must be a mapping of service settings")
-    where = args.config or "invalid option"
-    retriever = build_config(RetrieverConfig, args, file_values=values, where=where)
-    service = build_config(ServiceConfig, args, prefix="service.", file_values=service_values, where=f"{where} service")
+    retriever, service = configs_from_args(args, [("", RetrieverConfig), ("service.", ServiceConfig)])
     if not service.api_key and os.environ.get(API_KEY_ENV):
         service = dataclasses.replace(service, api_key=os.environ[API_KEY_ENV])
     return retriever, service

@@ -25,11 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException
-from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, Field
 
 from r3_env.retrieval.base import Hit, Retriever
-from r3_env.serving import bearer_auth, install_guards
+from r3_env.serving import install_common
 
 logger = logging.getLogger(__name__)
 
@@ -99,11 +98,6 @@ class Metrics:
             "r3rag_retrieval_cache_misses_total", "queries sent to the retriever", registry=self.registry
         )
         self.documents = Gauge("r3rag_retrieval_documents", "documents in the index", registry=self.registry)
-
-    def render(self) -> bytes:
-        from prometheus_client import generate_latest
-
-        return generate_latest(self.registry)
 
 
 class BatchingSearcher:
@@ -214,12 +208,9 @@ def create_app(
     app = FastAPI(title="r3rag retrieval service", version="1", lifespan=lifespan)
     app.state.searcher = searcher
 
-    def observe(endpoint: str, status: int, seconds: float) -> None:
-        metrics.requests.labels(endpoint, str(status)).inc()
-        metrics.latency.labels(endpoint).observe(seconds)
-
-    install_guards(app, config.max_body_bytes, observe)
-    authorize = bearer_auth(config.api_key)
+    authorize = install_common(
+        app, config.api_key, config.max_body_bytes, metrics.requests, metrics.latency, metrics.registry
+    )
 
     def check(queries: Sequence[str], topk: int | None) -> int:
         k = default_topk if topk is None else topk
@@ -269,9 +260,5 @@ def create_app(
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "uptime_s": round(time.time() - started, 1), **(describe or {})}
-
-    @app.get("/metrics", dependencies=[Depends(authorize)])
-    async def prometheus() -> PlainTextResponse:
-        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
 
     return app

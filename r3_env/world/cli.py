@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from r3_env.config import add_dataclass_arguments, build_config, load_yaml
+from r3_env.config import add_dataclass_arguments, configs_from_args
 from r3_env.world.build import WorldConfig
 
 
@@ -26,8 +26,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from r3_env.world.build import generate_world
 
-    file_values = load_yaml(args.config) if args.config else None
-    config = build_config(WorldConfig, args, file_values=file_values, where=args.config or "invalid option")
+    [config] = configs_from_args(args, [("", WorldConfig)])
     stats = generate_world(config, args.out, overwrite=args.overwrite)
     print(format_stats(stats, config, args.out))
     return 0
