@@ -17,3 +17,11 @@ print_command() {
     printf '%q ' "$@"
     echo
 }
+
+# warn_if_exposed HOST KEY_VARIABLE: a service bound beyond this machine without a token is open to anyone.
+warn_if_exposed() {
+    local host="$1" key_variable="$2"
+    if [[ -n "$host" && "$host" != "127.0.0.1" && "$host" != "localhost" && -z "${!key_variable:-}" ]]; then
+        echo "warning: serving on $host without $key_variable: anyone on the network can use it" >&2
+    fi
+}

@@ -4,14 +4,15 @@
 #   bash launch/serve_reward.sh [--dry-run] [more `r3rag reward serve` flags]
 #
 # Variables (defaults in brackets):
-#   JUDGE_MODEL       hub name or local folder of the judge [Qwen/Qwen2.5-14B-Instruct]
+#   JUDGE_MODEL       hub name or local folder of the judge [Qwen/Qwen2.5-14B-Instruct when vLLM is started
+#                     here; with JUDGE_URL, the config's judge.model unless set]
 #   JUDGE_PORT        port of the judge, on 127.0.0.1 [8001]
 #   JUDGE_TP          tensor-parallel GPUs for the judge [1]
 #   JUDGE_GPU_MEMORY  vLLM --gpu-memory-utilization [0.90]
 #   JUDGE_MAX_LEN     vLLM --max-model-len [8192]
 #   JUDGE_URL         an OpenAI-compatible /v1 URL already serving the judge: vLLM is not started
 #   CONFIG            reward.yaml (judge, reward and service sections) [none]
-#   HOST, PORT        where the reward server listens [0.0.0.0, 8002]
+#   HOST, PORT        where the reward server listens [the config's, else 127.0.0.1 and 8002]
 #   WAIT_S            seconds to wait for the judge to load [1200]
 #   R3RAG, VLLM       the commands [r3rag, vllm]
 #   R3RAG_REWARD_API_KEY  bearer token clients must send (read from the environment)
@@ -21,28 +22,30 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 split_dry_run "$@"
 
-JUDGE_MODEL="${JUDGE_MODEL:-Qwen/Qwen2.5-14B-Instruct}"
 JUDGE_PORT="${JUDGE_PORT:-8001}"
 JUDGE_TP="${JUDGE_TP:-1}"
 JUDGE_GPU_MEMORY="${JUDGE_GPU_MEMORY:-0.90}"
 JUDGE_MAX_LEN="${JUDGE_MAX_LEN:-8192}"
-HOST="${HOST:-0.0.0.0}"
-PORT="${PORT:-8002}"
 WAIT_S="${WAIT_S:-1200}"
 R3RAG="${R3RAG:-r3rag}"
 VLLM="${VLLM:-vllm}"
 start_judge=0
 if [[ -z "${JUDGE_URL:-}" ]]; then
     JUDGE_URL="http://127.0.0.1:${JUDGE_PORT}/v1"
+    JUDGE_MODEL="${JUDGE_MODEL:-Qwen/Qwen2.5-14B-Instruct}"  # the served name must be the one the server asks for
     start_judge=1
 fi
 
-judge_cmd=("$VLLM" serve "$JUDGE_MODEL" --host 127.0.0.1 --port "$JUDGE_PORT" --served-model-name "$JUDGE_MODEL"
+judge_cmd=("$VLLM" serve "${JUDGE_MODEL:-}" --host 127.0.0.1 --port "$JUDGE_PORT" --served-model-name "${JUDGE_MODEL:-}"
     --tensor-parallel-size "$JUDGE_TP" --gpu-memory-utilization "$JUDGE_GPU_MEMORY" --max-model-len "$JUDGE_MAX_LEN")
 reward_cmd=("$R3RAG" reward serve)
 if [[ -n "${CONFIG:-}" ]]; then reward_cmd+=(--config "$CONFIG"); fi
-reward_cmd+=(--judge.backend openai --judge.base_url "$JUDGE_URL" --judge.model "$JUDGE_MODEL"
-    --service.host "$HOST" --service.port "$PORT" "${extra[@]}")
+reward_cmd+=(--judge.backend openai --judge.base_url "$JUDGE_URL")
+if [[ -n "${JUDGE_MODEL:-}" ]]; then reward_cmd+=(--judge.model "$JUDGE_MODEL"); fi
+if [[ -n "${HOST:-}" ]]; then reward_cmd+=(--service.host "$HOST"); fi
+if [[ -n "${PORT:-}" ]]; then reward_cmd+=(--service.port "$PORT"); fi
+reward_cmd+=("${extra[@]}")
+warn_if_exposed "${HOST:-}" R3RAG_REWARD_API_KEY
 
 if (( dry_run )); then
     if (( start_judge )); then print_command "${judge_cmd[@]}"; fi
@@ -68,5 +71,5 @@ until curl -sf "$JUDGE_URL/models" >/dev/null; do
     fi
     sleep 5
 done
-echo "judge ready; starting the reward server on $HOST:$PORT" >&2
+echo "judge ready; starting the reward server" >&2
 "${reward_cmd[@]}"

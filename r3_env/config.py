@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import types
 import typing
 from pathlib import Path
@@ -138,13 +139,20 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def configs_from_args(args: argparse.Namespace, sections: list[tuple[str, type]]) -> list[Any]:
+def configs_from_args(
+    args: argparse.Namespace, sections: list[tuple[str, type]], ignored: frozenset[str] = frozenset()
+) -> list[Any]:
     """One config per (prefix, class), from ``--config FILE`` (when given) overridden by flags.
 
     Prefix "" takes the file's top-level keys; prefix "name." takes the mapping under ``name:``.
+    Top-level keys in ``ignored`` (another tool's settings that do not apply) are dropped with a note.
     """
     path = getattr(args, "config", None)
     values = load_yaml(path) if path else {}
+    skipped = sorted(set(values) & ignored)
+    if skipped:
+        logging.getLogger(__name__).info("%s: ignoring %s (not used by r3rag)", path, ", ".join(skipped))
+        values = {key: value for key, value in values.items() if key not in ignored}
     nested = {prefix.rstrip("."): cls for prefix, cls in sections if prefix}
     allowed = set(nested) | {f.name for prefix, cls in sections if not prefix for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - allowed)

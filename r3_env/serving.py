@@ -32,34 +32,68 @@ def bearer_auth(api_key: str) -> Callable[[Request], None]:
     return authorize
 
 
+class BodyLimit:
+    """ASGI middleware: answer 413 to a request body over ``max_bytes``, declared or streamed (chunked)."""
+
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            return await self._reject(send, int(declared))
+        messages, size = [], 0
+        while True:  # buffer the body (bounded by max_bytes), then replay it to the app
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            size += len(message.get("body", b""))
+            if size > self.max_bytes:
+                return await self._reject(send, size)
+            if not message.get("more_body", False):
+                break
+
+        async def replay():
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _reject(self, send, size: int) -> None:
+        response = JSONResponse(
+            status_code=413,
+            content={
+                "detail": f"request body of {size}+ bytes exceeds max_body_bytes={self.max_bytes}; "
+                "send fewer or shorter items per request"
+            },
+        )
+        await response({"type": "http"}, None, send)
+
+
 def install_common(
     app: FastAPI, api_key: str, max_body_bytes: int, requests, latency, registry
 ) -> Callable[[Request], None]:
     """Body-size limit (413), request metrics, and ``GET /metrics``; returns the auth dependency.
 
     ``requests`` is a Prometheus counter labelled (endpoint, status), ``latency`` a histogram
-    labelled (endpoint), both in ``registry``, which ``/metrics`` renders.
+    labelled (endpoint), both in ``registry``, which ``/metrics`` renders. Endpoints are labelled
+    by their route (unknown paths as "other"), so stray URLs cannot grow the series without bound.
     """
     from prometheus_client import generate_latest
 
     authorize = bearer_auth(api_key)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
 
     @app.middleware("http")
-    async def guard(request: Request, call_next):
+    async def measure(request: Request, call_next):
         begin = time.perf_counter()
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > max_body_bytes:
-            response = JSONResponse(
-                status_code=413,
-                content={
-                    "detail": f"request body of {length} bytes exceeds max_body_bytes={max_body_bytes}; "
-                    "send fewer or shorter items per request"
-                },
-            )
-        else:
-            response = await call_next(request)
-        requests.labels(request.url.path, str(response.status_code)).inc()
-        latency.labels(request.url.path).observe(time.perf_counter() - begin)
+        response = await call_next(request)
+        route = request.scope.get("route")
+        endpoint = getattr(route, "path", "other")
+        requests.labels(endpoint, str(response.status_code)).inc()
+        latency.labels(endpoint).observe(time.perf_counter() - begin)
         return response
 
     @app.get("/metrics", dependencies=[Depends(authorize)])

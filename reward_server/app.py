@@ -10,6 +10,7 @@ Every answer has one row per item, in order; a judge failure is a flagged row, n
 
 from __future__ import annotations
 
+import logging
 import time
 from contextlib import asynccontextmanager
 from typing import Any
@@ -24,6 +25,8 @@ from reward_server.config import JudgeConfig, RewardConfig, RewardServiceConfig
 from reward_server.judges import CorrectnessItem, Judge, RelevanceItem, make_judge
 from reward_server.metrics import RewardMetrics
 from reward_server.scoring import correctness, score_transcripts
+
+logger = logging.getLogger(__name__)
 
 
 class Document(BaseModel):
@@ -89,6 +92,9 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
+        status = await judge.status()
+        if not status.get("reachable") or status.get("model_listed") is False:
+            logger.error("judge %s is not ready: %s (judgements fall back until it is)", judge.backend, status)
         yield
         await judge.close()
 
@@ -143,6 +149,7 @@ def create_app(
         return {
             "status": "ok",
             "judge": judge.backend,
+            "judge_status": await judge.status(),
             "scheme": scheme.name,
             "get_reward": renderer is not None,
             "uptime_s": round(time.time() - started, 1),

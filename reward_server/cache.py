@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 
-def cache_key(kind: str, model: str, messages: list[dict[str, str]]) -> str:
-    payload = json.dumps([kind, model, messages], ensure_ascii=False, sort_keys=True)
+def cache_key(kind: str, model: str, messages: list[dict[str, str]], settings: dict | None = None) -> str:
+    """Hash of everything that determines a judgement: kind, judge model, prompt and judge settings."""
+    payload = json.dumps([kind, model, messages, settings or {}], ensure_ascii=False, sort_keys=True)
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 

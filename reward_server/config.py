@@ -30,8 +30,16 @@ class JudgeConfig:
     model_path: str = field(default="", metadata={"help": "local: model folder or hub name"})
     device: str = field(default="auto", metadata={"help": "local: auto, cpu or cuda"})
     max_in_flight: int = field(default=64, metadata={"help": "judge requests in flight at most"})
-    timeout_s: float = field(default=60.0, metadata={"help": "seconds per judge request"})
+    timeout_s: float = field(default=30.0, metadata={"help": "seconds per judge request"})
     retries: int = field(default=2, metadata={"help": "retries of a failed judge request"})
+    deadline_s: float = field(
+        default=120.0,
+        metadata={
+            "help": "seconds before a judgement falls back, retries and "
+            "waiting included (OpenRLHF gives up on a reward "
+            "request after 180 s)"
+        },
+    )
     backoff_s: float = field(default=0.5, metadata={"help": "first retry delay, doubled each time"})
     temperature: float = field(default=0.0, metadata={"help": "sampling temperature of the judge"})
     max_tokens: int = field(default=256, metadata={"help": "tokens the judge may write"})
@@ -49,8 +57,8 @@ class JudgeConfig:
         for name in ("max_in_flight", "max_tokens", "doc_chars"):
             if getattr(self, name) < 1:
                 raise ValueError(f"judge.{name} must be at least 1")
-        if self.retries < 0 or self.timeout_s <= 0:
-            raise ValueError("judge.retries must be 0 or more and judge.timeout_s positive")
+        if self.retries < 0 or self.timeout_s <= 0 or self.deadline_s <= 0:
+            raise ValueError("judge.retries must be 0 or more, judge.timeout_s and judge.deadline_s positive")
 
 
 @dataclass(frozen=True)

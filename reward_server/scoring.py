@@ -8,6 +8,7 @@ scheme (``r3_env.rewards``).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Sequence
@@ -21,6 +22,10 @@ from reward_server.judges.base import CorrectnessItem, Judge, JudgeResult, Relev
 from reward_server.metrics import RewardMetrics
 
 logger = logging.getLogger(__name__)
+
+
+async def _nothing() -> list:
+    return []
 
 
 @dataclass(frozen=True)
@@ -79,20 +84,27 @@ class ParsedTranscript:
 
 
 def read_label(label: Any) -> tuple[list[str], str | None]:
-    """(golden answers, question or None) from a label: a JSON object, a list of answers, or one answer."""
+    """(golden answers, question or None) from a label: a JSON object, a list of answers, or one answer.
+
+    A label naming no usable answer (None, "null", an empty list, ``{"golden_answers": null}``)
+    gives an empty list, which the caller reports.
+    """
     if isinstance(label, str):
         try:
-            decoded = json.loads(label)
+            label = json.loads(label)
         except ValueError:
-            return [label], None
-        label = decoded
+            return ([label] if label.strip() else []), None
+    question = None
     if isinstance(label, dict):
-        answers = label.get("golden_answers", label.get("answers", []))
-        answers = [answers] if isinstance(answers, str) else [str(a) for a in answers]
-        return answers, label.get("question")
-    if isinstance(label, list):
-        return [str(a) for a in label], None
-    return [str(label)], None
+        question = label.get("question") if isinstance(label.get("question"), str) else None
+        label = label.get("golden_answers", label.get("answers"))
+    if isinstance(label, (str, int, float)) and not isinstance(label, bool):
+        label = [label]
+    if not isinstance(label, list):
+        return [], question
+    return [
+        str(a) for a in label if isinstance(a, (str, int, float)) and not isinstance(a, bool) and str(a).strip()
+    ], question
 
 
 def parse_transcript(
@@ -102,22 +114,25 @@ def parse_transcript(
     fmt = renderer.format
     parsed = ParsedTranscript(question=question or renderer.question_of(prompt or "") or "", golden_answers=golden)
     if not golden:
-        parsed.problem = "its label names no golden answers"
+        parsed.problem = f"its label names no golden answers ({str(label)[:80]!r})"
     elif prompt is None or not query.startswith(prompt):
         parsed.problem = "the query does not start with its prompt (send prompts exactly as the policy saw them)"
     if parsed.problem:
         return parsed
     response = query[len(prompt) :]
-    for action, observation in renderer.split_response(response)[:max_steps]:
+    for turn in renderer.split_response(response)[:max_steps]:
+        if not turn.closed:  # generation cut off before its stop token: the step is incomplete
+            parsed.format_error = "truncated"
+            break
         try:
-            step = fmt.parse_step(action)
+            step = fmt.parse_step(turn.action)
         except FormatError as error:
             parsed.format_error = error.reason.value
             break
         parsed.steps.append(step)
         if step.is_final:
             break
-        parsed.documents.append([p.contents for p in fmt.parse_documents(observation)] if observation else [])
+        parsed.documents.append([p.contents for p in fmt.parse_documents(turn.observation)] if turn.observation else [])
     if not parsed.steps and parsed.format_error is None:
         parsed.format_error = "empty"
     return parsed
@@ -144,10 +159,10 @@ async def score_transcripts(
             for step, documents in zip(transcript.steps, transcript.documents, strict=False):
                 owners.append(index)
                 relevance_items.append(RelevanceItem(transcript.question, step.query or "", documents, step.analysis))
-    relevance = await judge.relevance(relevance_items) if relevance_items else []
     answered = [(i, t) for i, t in enumerate(parsed) if t.answer is not None and t.problem is None]
-    verdicts = await correctness(
-        judge, [CorrectnessItem(t.question, t.answer, t.golden_answers) for _, t in answered], metrics
+    relevance, verdicts = await asyncio.gather(  # both judge calls at once: a slow judge costs one wait
+        judge.relevance(relevance_items) if relevance_items else _nothing(),
+        correctness(judge, [CorrectnessItem(t.question, t.answer, t.golden_answers) for _, t in answered], metrics),
     )
     verdict_of = {i: v for (i, _), v in zip(answered, verdicts, strict=True)}
     scores_of: dict[int, list[JudgeResult]] = {}

@@ -265,3 +265,34 @@ def save_tiny_causal_lm(folder: Path, tokenizer, seed: int = 0) -> Path:
     Qwen2ForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+class InThreadServer:
+    """A FastAPI app served by uvicorn on a real free port, in a thread of the test process.
+
+    For apps built around objects a test controls (a retriever that fails on purpose, say).
+    """
+
+    def __init__(self, app) -> None:
+        import uvicorn
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+
+    def __enter__(self) -> InThreadServer:
+        import threading
+        import time
+
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.server.started:
+            if time.time() > deadline:
+                raise RuntimeError("in-thread server did not start")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)

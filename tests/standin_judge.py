@@ -12,6 +12,7 @@ Behaviour, set with ``POST /control {"mode": ..., "latency": seconds}``:
   whether a reference answer's words occur in the prediction ("Correct: True").
 - ``garbage``: prose without a score, always. ``flaky``: prose first, a score when asked again.
 - ``error``: HTTP 500. ``slow``: answers after 30 s (past any sensible timeout).
+- ``notjson``: HTTP 200 with a body that is not JSON.
 ``GET /stats`` counts the requests received.
 """
 
@@ -24,7 +25,7 @@ import re
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 STATE = {"mode": "ok", "latency": 0.0, "calls": 0}
 app = FastAPI(title="stand-in judge (test double)")
@@ -46,7 +47,7 @@ def scripted_answer(messages: list[dict]) -> str:
     if system.startswith("You grade retrieval"):
         query = _words(_field(user, "The agent's search query"))
         documents = _words(user.split("Documents returned:", 1)[-1].split("\n\nScale:", 1)[0])
-        score = round(len(query & documents) / len(query), 1) if query else 0.0
+        score = round(len(query & documents) / len(query), 2) if query else 0.0
         style = int(hashlib.md5(user.encode()).hexdigest(), 16) % 3
         line = [f"Relevance: {score:.2f}", f"**Relevance:** {round(score * 100)}%", f"Relevance: {score * 10:g}/10"][
             style
@@ -68,6 +69,8 @@ async def chat(request: Request):
         return JSONResponse(status_code=500, content={"error": "stand-in judge failing on purpose"})
     if STATE["mode"] == "slow":
         await asyncio.sleep(30)
+    if STATE["mode"] == "notjson":
+        return PlainTextResponse("<html>proxy error</html>")
     text = scripted_answer(body["messages"])
     return {
         "id": "standin",

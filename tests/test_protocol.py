@@ -404,14 +404,16 @@ def test_split_response_inverts_the_transcript(chat_tokenizers):
         renderer = ChatRenderer(tokenizer, chat_template=template)
         prompt = renderer.prompt(QUESTION)
         full = renderer.transcript(QUESTION, TURNS)
-        pairs = renderer.split_response(full[len(prompt) :])
-        assert [parse_step(action) for action, _ in pairs] == [t.step for t in TURNS], name
-        assert [obs for _, obs in pairs] == [
+        turns = renderer.split_response(full[len(prompt) :])
+        assert [parse_step(t.action) for t in turns] == [t.step for t in TURNS], name
+        assert [t.observation for t in turns] == [
             R3.render_documents(t.documents, n, 512) for n, t in enumerate(TURNS[:-1], start=1)
         ] + [None], name
+        assert all(t.closed for t in turns)
         # a truncated generation: the last action has no stop token
         cut = renderer.transcript(QUESTION, TURNS[:1]) + "The problem analysis: half a st"
-        assert renderer.split_response(cut[len(prompt) :])[-1] == ("The problem analysis: half a st", None)
+        last = renderer.split_response(cut[len(prompt) :])[-1]
+        assert (last.action, last.observation, last.closed) == ("The problem analysis: half a st", None, False)
 
 
 @settings(max_examples=200, deadline=None)

@@ -20,7 +20,7 @@ from r3_env.data import Passage
 from r3_env.protocol import ChatRenderer, Step, Turn
 from r3_env.rewards import Episode, Outcome, get_scheme
 from reward_server.config import JudgeConfig
-from reward_server.judges.backends import LocalHFBackend
+from reward_server.judges.backends import LocalHFBackend, OpenAIChatBackend
 from reward_server.judges.base import CorrectnessItem, RelevanceItem
 from reward_server.judges.lexical import LexicalJudge
 from reward_server.judges.llm import LLMJudge
@@ -45,6 +45,9 @@ RELEVANCE_OUTPUTS = [
     ("Relevance: 0.4\n...on reflection...\nRelevance: 0.6", 0.6),  # the last score counts
     ("Relevance: .5", 0.5),
     ("Relevance: 140", None),  # no sensible scale
+    ("Relevance: 0,8", 0.8),  # a decimal comma
+    ("Relevance: 0.9\n(document [2] on its own would score 0)", 0.9),  # "Relevance" outranks prose about scores
+    ("Score: 4/5 stars. Relevance: high", 0.8),
     ("The documents are somewhat relevant.", None),  # a missing score
     ("I'd say 0.9 overall, but it depends.", None),  # a number in prose is not a score line
     ("", None),
@@ -71,6 +74,8 @@ def test_snapping_to_tenths_and_analysis():
         ("Verdict: no", False),
         ("Both name Paris.\nTrue", True),
         ("Correct: Truely", None),
+        ("Correct: True or False? False", None),  # not a verdict that ends its line
+        ("**Correct:** **False**.", False),
         ("I cannot tell.", None),
     ],
 )
@@ -213,6 +218,7 @@ def test_correctness_tries_string_match_before_the_judge(server, standin):
         ("error", "judge_unavailable", 2),  # 500, retried once
         ("slow", "judge_unavailable", 2),  # timed out, retried once
         ("garbage", "unparseable", 2),  # no score, asked once more
+        ("notjson", "judge_unavailable", 1),  # 200 with a body that is not JSON
     ],
 )
 def test_judge_failures_are_flagged_fallbacks_without_missing_rows(server, standin, mode, reason, judge_calls):
@@ -507,3 +513,83 @@ def test_launch_script_waits_for_the_judge_then_serves(standin, tmp_path):
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=30)
+
+
+def test_odd_labels_and_truncated_steps(server, policy_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    renderer = ChatRenderer(AutoTokenizer.from_pretrained(policy_tokenizer_dir))
+    good, prompt = transcript(renderer, TRAJECTORIES["correct"])
+    cut = good[: good.rindex(renderer.frame.turn_end)][:-3]  # the final answer lost its stop token and 3 chars
+    labels = [None, "null", json.dumps({"golden_answers": None}), [], ["Varholm"], LABEL]
+    queries = [good] * 5 + [cut]
+    answer = post(server, "/get_reward", {"query": queries, "prompts": [prompt] * 6, "labels": labels}).json()
+    assert answer["outcomes"] == ["unreadable"] * 4 + ["correct", "format_error"]
+    assert answer["rewards"][:4] == [0.0] * 4 and answer["extra_logs"]["unreadable"] == [1.0] * 4 + [0.0, 0.0]
+    assert answer["step_rewards"][5][-1] == pytest.approx(-0.9)
+
+
+def test_a_judge_that_outlasts_the_deadline_falls_back(standin):
+    config = JudgeConfig(base_url=standin.url + "/v1", model="standin-judge", timeout_s=20, retries=0, deadline_s=0.5)
+    judge = LLMJudge(OpenAIChatBackend(config.base_url, config.model, timeout_s=20, retries=0), config, RewardMetrics())
+    control(standin, mode="slow")
+    started = time.time()
+    [row] = asyncio.run(judge.relevance([RelevanceItem("Who?", "Silent Harbor film", ["Silent Harbor"])]))
+    assert row.fallback and row.reason.startswith("deadline") and time.time() - started < 5
+
+
+def test_a_cancelled_requester_does_not_cancel_the_others_waiting(standin):
+    config = JudgeConfig(base_url=standin.url + "/v1", model="standin-judge")
+    control(standin, latency=0.5, reset=True)
+
+    async def run():
+        judge = LLMJudge(OpenAIChatBackend(config.base_url, config.model), config, RewardMetrics())
+        item = [RelevanceItem("Who?", "Silent Harbor film", ["Silent Harbor is a film."])]
+        first = asyncio.ensure_future(judge.relevance(item))
+        await asyncio.sleep(0.1)
+        second = asyncio.ensure_future(judge.relevance(item))
+        await asyncio.sleep(0.1)
+        first.cancel()
+        result = await second
+        await judge.close()
+        return result
+
+    [row] = asyncio.run(run())
+    assert not row.fallback and row.score == pytest.approx(1.0) and calls(standin) == 1
+
+
+def test_the_cache_key_covers_the_judge_settings(standin, tmp_path):
+    from reward_server.cache import JudgementCache
+
+    item = [RelevanceItem("Who?", "Silent Harbor movie", ["Silent Harbor is a film."])]  # 2 of 3 words: 0.67
+    control(standin, reset=True)
+    for snap in (False, True, True):
+        config = JudgeConfig(base_url=standin.url + "/v1", model="standin-judge", snap_to_tenths=snap)
+        judge = LLMJudge(
+            OpenAIChatBackend(config.base_url, config.model),
+            config,
+            RewardMetrics(),
+            JudgementCache(tmp_path / "cache.sqlite"),
+        )
+
+        async def once(judge=judge):
+            [row] = await judge.relevance(item)
+            await judge.close()
+            return row
+
+        row = asyncio.run(once())
+        assert row.score == pytest.approx(0.7 if snap else 0.67, abs=0.01)
+    assert calls(standin) == 2, "snapping changed the key once; the third judgement came from the cache"
+
+
+def test_health_reports_whether_the_judge_serves_the_model(server, standin, policy_tokenizer_dir, tmp_path):
+    assert httpx.get(server.url + "/health").json()["judge_status"] == {
+        "reachable": True,
+        "model_listed": True,
+        "models": ["standin-judge"],
+    }
+    path = reward_config(tmp_path / "reward.yaml", standin, policy_tokenizer_dir)
+    with ServiceProcess(["reward", "serve", "--config", str(path), "--judge.model", "no-such-model"]) as service:
+        status = httpx.get(service.url + "/health").json()["judge_status"]
+        assert status["reachable"] and status["model_listed"] is False
+        assert "judge openai:no-such-model is not ready" in service.read_log()

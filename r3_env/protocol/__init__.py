@@ -24,7 +24,14 @@ from r3_env.protocol.base import (
     get_format,
     register_format,
 )
-from r3_env.protocol.chat import PLAIN_CHAT_TEMPLATE, ChatFrame, ChatRenderer, ChatTemplateError, build_messages
+from r3_env.protocol.chat import (
+    PLAIN_CHAT_TEMPLATE,
+    ChatFrame,
+    ChatRenderer,
+    ChatTemplateError,
+    ResponseTurn,
+    build_messages,
+)
 
 DEFAULT_FORMAT = "r3"
 
@@ -78,6 +85,7 @@ __all__ = [
     "ChatTemplateError",
     "FormatError",
     "FormatReason",
+    "ResponseTurn",
     "Step",
     "StepFormat",
     "Turn",

@@ -70,6 +70,15 @@ class ChatFrame:
     rewrites_last_turn: bool = False
 
 
+@dataclass(frozen=True)
+class ResponseTurn:
+    """One policy action read back from a transcript, and the environment turn that followed it."""
+
+    action: str
+    observation: str | None
+    closed: bool = True  # the action ended with its stop token
+
+
 def opening_messages(system: str, user: str, system_in_user: bool) -> list[dict[str, str]]:
     """The system and first user turns; without a system role, the instructions lead the user turn."""
     if system_in_user:
@@ -274,30 +283,31 @@ class ChatRenderer:
             prompt = prompt[: -len(self.frame.prompt_close)]
         return self.format.find_question(prompt)
 
-    def split_response(self, response: str) -> list[tuple[str, str | None]]:
-        """Split what followed the prompt in a transcript into (action, environment turn or None) pairs.
+    def split_response(self, response: str) -> list[ResponseTurn]:
+        """Split what followed the prompt in a transcript into the policy's actions and the environment turns.
 
         The inverse of :meth:`segments` after the prompt, for transcripts decoded with their special
-        tokens (OpenRLHF's remote reward protocol). An action without its stop token (a truncated
-        generation) ends the list, as does anything after the last environment turn.
+        tokens (OpenRLHF's remote reward protocol). An action without its stop token (a generation
+        cut off by the length limit) is the last turn, with ``closed`` False; anything after the
+        last environment turn that is not an action is ignored.
         """
-        frame, pairs, rest = self.frame, [], response
+        frame, turns, rest = self.frame, [], response
         while rest:
             end = rest.find(frame.turn_end)
             if end < 0:
-                pairs.append((rest, None))
+                turns.append(ResponseTurn(rest, None, closed=False))
                 break
             action, rest = rest[:end], rest[end + len(frame.turn_end) :]
             if not rest.startswith(frame.observation_open):
-                pairs.append((action, None))
+                turns.append(ResponseTurn(action, None))
                 break
             rest = rest[len(frame.observation_open) :]
             close = rest.find(frame.observation_close)
             observation, rest = (
                 (rest, "") if close < 0 else (rest[:close], rest[close + len(frame.observation_close) :])
             )
-            pairs.append((action, observation))
-        return pairs
+            turns.append(ResponseTurn(action, observation))
+        return turns
 
     def check_tokenization(self, question: str, turns: Sequence[Turn]) -> None:
         """Raise ChatTemplateError unless tokenizing the transcript piecewise equals tokenizing it whole.

@@ -46,4 +46,15 @@ def open_retriever(url: str | None = None, config: RetrieverConfig | None = None
     return load_retriever(config)
 
 
-__all__ = ["Hit", "Retriever", "RetrieverConfig", "load_retriever", "open_retriever"]
+def open_async_retriever(url: str | None = None, config: RetrieverConfig | None = None, **client_options):
+    """The async twin of :func:`open_retriever`: the async client, or an in-process retriever in a thread."""
+    from r3_env.retrieval.client import AsyncInProcess, AsyncRetrievalClient
+
+    if url:
+        return AsyncRetrievalClient(url, **client_options)
+    if config is None:
+        raise ValueError("give a retrieval service url, or a RetrieverConfig to retrieve in-process")
+    return AsyncInProcess(load_retriever(config))
+
+
+__all__ = ["Hit", "Retriever", "RetrieverConfig", "load_retriever", "open_async_retriever", "open_retriever"]

@@ -8,7 +8,7 @@ import os
 
 from r3_env.config import add_dataclass_arguments, configs_from_args
 from r3_env.retrieval.client import API_KEY_ENV
-from r3_env.retrieval.config import RetrieverConfig
+from r3_env.retrieval.config import FLASHRAG_IGNORED_KEYS, RetrieverConfig
 from r3_env.retrieval.index_builder import IndexBuildConfig
 from r3_env.retrieval.service import ServiceConfig
 
@@ -51,7 +51,14 @@ def add_retriever_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def load_serve_configs(args: argparse.Namespace) -> tuple[RetrieverConfig, ServiceConfig]:
-    retriever, service = configs_from_args(args, [("", RetrieverConfig), ("service.", ServiceConfig)])
+    retriever, service = configs_from_args(
+        args, [("", RetrieverConfig), ("service.", ServiceConfig)], ignored=FLASHRAG_IGNORED_KEYS
+    )
+    if retriever.retrieval_topk > service.max_topk:
+        raise ValueError(
+            f"retrieval_topk={retriever.retrieval_topk} exceeds service.max_topk={service.max_topk}: "
+            "every request without topk would be refused; lower one or raise the other"
+        )
     if not service.api_key and os.environ.get(API_KEY_ENV):
         service = dataclasses.replace(service, api_key=os.environ[API_KEY_ENV])
     return retriever, service

@@ -4,6 +4,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# FlashRAG retriever settings r3rag accepts in a config and ignores: its retrieval cache (the
+# service has its own LRU), its reranker, and pipeline keys. The official R3-RAG config sets some.
+FLASHRAG_IGNORED_KEYS = frozenset(
+    {
+        "save_retrieval_cache",
+        "use_retrieval_cache",
+        "retrieval_cache_path",
+        "use_reranker",
+        "rerank_model_name",
+        "rerank_model_path",
+        "rerank_topk",
+        "rerank_max_length",
+        "rerank_batch_size",
+        "rerank_use_fp16",
+        "save_dir",
+        "dataset_name",
+        "silent_retrieval",
+        "use_multi_retriever",
+        "multi_retriever_setting",
+        "gpu_id",
+        "device_map",
+    }
+)
+
 DENSE_DEFAULT_INSTRUCTIONS = {
     # (query, passage) prefixes the model families were trained with, as FlashRAG sets them.
     "e5": ("query: ", "passage: "),

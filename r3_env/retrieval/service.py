@@ -113,7 +113,17 @@ class BatchingSearcher:
 
     def start(self) -> None:
         self._queue = asyncio.Queue()
+        self._spawn()
+
+    def _spawn(self) -> None:
         self._worker = asyncio.get_running_loop().create_task(self._run())
+        self._worker.add_done_callback(self._restart_if_crashed)
+
+    def _restart_if_crashed(self, worker: asyncio.Task) -> None:
+        if worker.cancelled():
+            return
+        logger.error("the batching worker stopped (%r); starting a new one", worker.exception())
+        self._spawn()
 
     async def stop(self) -> None:
         if self._worker is not None:
@@ -167,18 +177,27 @@ class BatchingSearcher:
             self.metrics.batch_size.observe(len(queries))
             try:
                 results = await loop.run_in_executor(self._executor, self.retriever.search, queries, k)
-            except Exception as error:  # every waiting request learns of the failure; the service keeps serving
+                if len(results) != len(queries):
+                    raise RuntimeError(f"the retriever returned {len(results)} result lists for {len(queries)} queries")
+            except Exception as error:  # this batch's requests learn of the failure; the service keeps serving
                 logger.exception("retriever failed on a batch of %d queries", len(queries))
-                for query in queries:
-                    future = self._pending.pop((query, k), None)
-                    if future is not None and not future.done():
-                        future.set_exception(error)
+                self._settle(queries, k, error=error)
+            else:
+                self._settle(queries, k, results=results)
+
+    def _settle(
+        self, queries: list[str], k: int, results: list[list[Hit]] | None = None, error: Exception | None = None
+    ) -> None:
+        for index, query in enumerate(queries):
+            future = self._pending.pop((query, k), None)
+            if results is not None:
+                self._remember((query, k), results[index])
+            if future is None or future.done():
                 continue
-            for query, hits in zip(queries, results, strict=True):
-                self._remember((query, k), hits)
-                future = self._pending.pop((query, k), None)
-                if future is not None and not future.done():
-                    future.set_result(hits)
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(results[index])
 
     def _remember(self, key: tuple[str, int], hits: list[Hit]) -> None:
         if self.config.cache_size == 0:

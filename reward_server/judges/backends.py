@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 
+from r3_env.http_retry import RequestFailed, RetryPolicy, asend_with_retries
 from reward_server.config import JUDGE_API_KEY_ENV
 
 logger = logging.getLogger(__name__)
@@ -28,6 +29,10 @@ class ChatBackend(ABC):
     @abstractmethod
     async def chat(self, messages: list[dict[str, str]]) -> str: ...
 
+    async def check(self) -> dict[str, Any]:
+        """Whether the judge can be reached, and serves the configured model."""
+        return {"reachable": True}
+
     async def close(self) -> None:  # noqa: B027 - backends without connections have nothing to close
         pass
 
@@ -35,7 +40,8 @@ class ChatBackend(ABC):
 class OpenAIChatBackend(ChatBackend):
     """POST {base_url}/chat/completions, as ``vllm serve`` and any OpenAI-compatible server expose it.
 
-    Connection errors, timeouts, 429 and 5xx are retried ``retries`` times with exponential backoff.
+    Connection errors, timeouts, 429 and 5xx are retried ``retries`` times with exponential backoff
+    (``r3_env.http_retry``); other 4xx answers (a wrong model name, say) fail at once.
     """
 
     def __init__(
@@ -53,7 +59,7 @@ class OpenAIChatBackend(ChatBackend):
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
         self.model_id = f"openai:{model}"
-        self.retries, self.backoff_s = retries, backoff_s
+        self.policy = RetryPolicy(retries=retries, backoff=backoff_s)
         self.sampling = {"temperature": temperature, "max_tokens": max_tokens}
         key = api_key or os.environ.get(JUDGE_API_KEY_ENV, "")
         self._http = httpx.AsyncClient(
@@ -64,25 +70,30 @@ class OpenAIChatBackend(ChatBackend):
 
     async def chat(self, messages: list[dict[str, str]]) -> str:
         body = {"model": self.model, "messages": messages, **self.sampling}
-        problem = ""
-        for attempt in range(self.retries + 1):
-            try:
-                response = await self._http.post(self.url, json=body)
-            except httpx.TimeoutException:
-                problem = "timed out"
-            except httpx.TransportError as error:
-                problem = f"unreachable ({type(error).__name__})"
-            else:
-                if response.status_code == 200:
-                    return _reply_text(response.json())
-                if response.status_code != 429 and response.status_code < 500:
-                    raise JudgeUnavailable(
-                        f"judge at {self.url} rejected the request ({response.status_code}): {response.text[:300]}"
-                    )
-                problem = f"HTTP {response.status_code}"
-            if attempt < self.retries:
-                await asyncio.sleep(self.backoff_s * 2**attempt)
-        raise JudgeUnavailable(f"judge at {self.url} {problem} after {self.retries + 1} attempts")
+        try:
+            response = await asend_with_retries(
+                lambda: self._http.post(self.url, json=body), self.policy, f"judge {self.url}"
+            )
+        except RequestFailed as failure:
+            verb = "rejected the request" if not failure.retryable else f"failed after {failure.attempts} attempts"
+            raise JudgeUnavailable(f"judge at {self.url} {verb}: {failure.detail}") from None
+        try:
+            return _reply_text(response.json())
+        except ValueError:
+            raise JudgeUnavailable(
+                f"judge at {self.url} answered with something that is not JSON: {response.text[:200]!r}"
+            ) from None
+
+    async def check(self) -> dict[str, Any]:
+        models_url = self.url.rsplit("/chat/completions", 1)[0] + "/models"
+        try:
+            response = await self._http.get(models_url, timeout=10)
+            names = [m.get("id") for m in response.json().get("data", [])] if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError) as error:
+            return {"reachable": False, "error": f"{type(error).__name__}: {error}"}
+        if names is None:
+            return {"reachable": True, "model_listed": None, "error": f"{models_url}: HTTP {response.status_code}"}
+        return {"reachable": True, "model_listed": self.model in names, "models": names[:20]}
 
     async def close(self) -> None:
         await self._http.aclose()

@@ -51,5 +51,9 @@ class Judge(ABC):
     async def correctness(self, items: Sequence[CorrectnessItem]) -> list[JudgeResult]:
         """1.0 (correct) or 0.0 per item."""
 
+    async def status(self) -> dict:
+        """Whether the judge can be reached (reported by /health)."""
+        return {"reachable": True}
+
     async def close(self) -> None:  # noqa: B027 - judges without connections have nothing to close
         """Release connections and models."""

@@ -18,7 +18,7 @@ from reward_server.config import JudgeConfig
 from reward_server.judges.backends import ChatBackend, JudgeUnavailable
 from reward_server.judges.base import CorrectnessItem, Judge, JudgeResult, RelevanceItem
 from reward_server.judges.parsing import analysis_of, parse_correctness, parse_relevance
-from reward_server.judges.prompts import correctness_messages, reformat_messages, relevance_messages
+from reward_server.judges.prompts import PROMPT_VERSION, correctness_messages, reformat_messages, relevance_messages
 from reward_server.metrics import RewardMetrics
 
 logger = logging.getLogger(__name__)
@@ -33,6 +33,13 @@ class LLMJudge(Judge):
         self._slots = asyncio.Semaphore(config.max_in_flight)
         self._in_flight: dict[str, asyncio.Future] = {}
         self._fallbacks = 0
+        # what else shapes a judgement: a change to any of these must not reuse an old cached answer
+        self._settings = {
+            "snap_to_tenths": config.snap_to_tenths,
+            "temperature": config.temperature,
+            "max_tokens": config.max_tokens,
+            "prompts": PROMPT_VERSION,
+        }
 
     async def relevance(self, items: Sequence[RelevanceItem]) -> list[JudgeResult]:
         snap = self.config.snap_to_tenths
@@ -71,28 +78,31 @@ class LLMJudge(Judge):
         self, kind: str, messages: list[dict[str, str]], parse: Callable[[str], float | None], fallback: float
     ) -> JudgeResult:
         self.metrics.items.labels(kind).inc()
-        key = cache_key(kind, self.backend, messages)
+        key = cache_key(kind, self.backend, messages, self._settings)
         if self.cache is not None:
             hit = self.cache.get(key)
             if hit is not None:
                 self.metrics.cache_hits.labels(kind).inc()
                 return JudgeResult(hit[0], self.backend, analysis=hit[1], cached=True)
-        pending = self._in_flight.get(key)
-        if pending is not None:
+        task = self._in_flight.get(key)
+        if task is not None:
             self.metrics.deduplicated.labels(kind).inc()
-            return await asyncio.shield(pending)
-        future = asyncio.get_running_loop().create_future()
-        self._in_flight[key] = future
-        try:
-            result = await self._ask(kind, key, messages, parse, fallback)
-        except BaseException:  # cancelled: the items waiting on this judgement are cancelled too
-            future.cancel()
-            raise
         else:
-            future.set_result(result)
-            return result
-        finally:
-            self._in_flight.pop(key, None)
+            # its own task: a requester that goes away does not cancel it for the others waiting on it
+            task = asyncio.ensure_future(self._ask_within_deadline(kind, key, messages, parse, fallback))
+            self._in_flight[key] = task
+            task.add_done_callback(lambda _: self._in_flight.pop(key, None))
+        return await asyncio.shield(task)
+
+    async def _ask_within_deadline(
+        self, kind: str, key: str, messages: list[dict[str, str]], parse: Callable[[str], float | None], fallback: float
+    ) -> JudgeResult:
+        try:
+            return await asyncio.wait_for(self._ask(kind, key, messages, parse, fallback), self.config.deadline_s)
+        except asyncio.TimeoutError:
+            return self._fall_back(kind, fallback, "deadline", f"no judgement within {self.config.deadline_s} s")
+        except Exception as error:  # anything unexpected is a judge failure: flagged, never raised
+            return self._fall_back(kind, fallback, "judge_error", f"{type(error).__name__}: {error}")
 
     async def _ask(
         self, kind: str, key: str, messages: list[dict[str, str]], parse: Callable[[str], float | None], fallback: float
@@ -132,6 +142,9 @@ class LLMJudge(Judge):
                 "%s judgement fell back to %s (%s, %d so far): %s", kind, value, reason, self._fallbacks, detail
             )
         return JudgeResult(value, self.backend, fallback=True, reason=f"{reason}: {detail}")
+
+    async def status(self) -> dict:
+        return await self.chat_backend.check()
 
     async def close(self) -> None:
         await self.chat_backend.close()

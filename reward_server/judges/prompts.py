@@ -20,6 +20,9 @@ CORRECTNESS_SYSTEM = (
     "end with a line of the form 'Correct: True' or 'Correct: False'."
 )
 
+# Bump when a prompt changes, so cached judgements of the old prompts are not reused.
+PROMPT_VERSION = 1
+
 REFORMAT = "Your reply did not end with the required line. Reply with that line only."
 
 
