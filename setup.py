@@ -51,6 +51,7 @@ CPU = [
     "uvloop==0.23.0",
     "httptools==0.9.0",
     "httpx==0.28.1",
+    "orjson==3.13.0",
     "prometheus-client==0.26.0",
     # OpenRLHF's import-time dependencies (its CUDA-only ones are left out).
     "aiohttp==3.14.5",
@@ -83,6 +84,7 @@ GPU = [
     "uvloop==0.23.0",
     "httptools==0.9.0",
     "httpx==0.28.1",
+    "orjson==3.13.0",
     "prometheus-client==0.26.0",
 ]
 

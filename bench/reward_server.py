@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
+import aiohttp
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,20 +42,23 @@ async def load(url: str, total: int, clients: int, per_request: int, tag: str) -
     latencies: list[float] = []
     failures = 0
 
-    async def client(http: httpx.AsyncClient) -> None:
+    async def client(session: aiohttp.ClientSession) -> None:
         nonlocal failures
         while queue:
             start = queue.pop()
             body = {"items": [item(i, tag) for i in range(start, min(total, start + per_request))]}
             begin = time.perf_counter()
-            response = await http.post(url + "/relevance", json=body)
+            async with session.post(url + "/relevance", json=body) as response:
+                payload = await response.json() if response.status == 200 else {}
             latencies.append(time.perf_counter() - begin)
-            rows = response.json().get("results", []) if response.status_code == 200 else []
-            failures += sum(r["fallback"] for r in rows) + (response.status_code != 200)
+            rows = payload.get("results", [])
+            failures += sum(r["fallback"] for r in rows) + (response.status != 200)
 
-    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=clients)) as http:
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=clients), timeout=aiohttp.ClientTimeout(total=120)
+    ) as session:
         started = time.perf_counter()
-        await asyncio.gather(*(client(http) for _ in range(clients)))
+        await asyncio.gather(*(client(session) for _ in range(clients)))
         return total / (time.perf_counter() - started), sorted(latencies), failures
 
 

@@ -72,6 +72,31 @@ class BodyLimit:
         await response({"type": "http"}, None, send)
 
 
+class Measure:
+    """ASGI middleware counting requests by (route, status) and timing them (no per-request task overhead)."""
+
+    def __init__(self, app, requests, latency) -> None:
+        self.app, self.requests, self.latency = app, requests, latency
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        begin, status = time.perf_counter(), 500
+
+        async def sending(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            endpoint = getattr(scope.get("route"), "path", "other")
+            self.requests.labels(endpoint, str(status)).inc()
+            self.latency.labels(endpoint).observe(time.perf_counter() - begin)
+
+
 def install_common(
     app: FastAPI, api_key: str, max_body_bytes: int, requests, latency, registry
 ) -> Callable[[Request], None]:
@@ -85,16 +110,7 @@ def install_common(
 
     authorize = bearer_auth(api_key)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
-
-    @app.middleware("http")
-    async def measure(request: Request, call_next):
-        begin = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        endpoint = getattr(route, "path", "other")
-        requests.labels(endpoint, str(response.status_code)).inc()
-        latency.labels(endpoint).observe(time.perf_counter() - begin)
-        return response
+    app.add_middleware(Measure, requests=requests, latency=latency)
 
     @app.get("/metrics", dependencies=[Depends(authorize)])
     async def prometheus() -> PlainTextResponse:

@@ -15,9 +15,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import httpx
+import orjson
 
 from r3_env.data import Passage
-from r3_env.http_retry import RequestFailed, RetryPolicy, asend_with_retries, send_with_retries
+from r3_env.http_retry import AsyncHTTP, Reply, RequestFailed, RetryPolicy, asend_with_retries, send_with_retries
 from r3_env.retrieval.base import Hit, Retriever, check_k
 
 # The bearer token of the retrieval service, read by the service and the clients alike.
@@ -56,13 +57,12 @@ class _Base:
         if timeout <= 0 or max_batch < 1 or max_connections < 1:
             raise ValueError("timeout must be positive, max_batch and max_connections at least 1")
         self.url = url.rstrip("/")
-        # waiting for a pooled connection does not count against the request timeout
-        self.timeout = httpx.Timeout(timeout, pool=None)
+        self.timeout_s = timeout
         self.policy = RetryPolicy(retries=retries, backoff=backoff)
         api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.max_batch = max_batch
-        self.limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self.max_connections = max_connections
 
     def _chunks(self, queries: Sequence[str]) -> list[list[str]]:
         return [list(queries[i : i + self.max_batch]) for i in range(0, len(queries), self.max_batch)]
@@ -92,16 +92,21 @@ class RetrievalClient(_Base, Retriever):
 
     def __init__(self, url: str, **options: Any) -> None:
         super().__init__(url, **options)
-        self._http = httpx.Client(timeout=self.timeout, headers=self.headers, limits=self.limits)
+        # waiting for a pooled connection does not count against the request timeout
+        self._http = httpx.Client(
+            timeout=httpx.Timeout(self.timeout_s, pool=None),
+            headers=self.headers,
+            limits=httpx.Limits(max_connections=self.max_connections),
+        )
 
     def _get_json(self, send, what: str) -> Any:
         try:
-            response = send_with_retries(send, self.policy, f"retrieval service {self.url}")
+            reply = send_with_retries(lambda: Reply.of(send()), self.policy, f"retrieval service {self.url}")
         except RequestFailed as failure:
             raise self._error(failure) from None
         try:
-            return response.json()
-        except ValueError:
+            return reply.json()
+        except orjson.JSONDecodeError:
             raise RetrievalServiceError(f"retrieval service at {self.url} sent {what} that is not JSON") from None
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
@@ -126,16 +131,16 @@ class AsyncRetrievalClient(_Base):
 
     def __init__(self, url: str, **options: Any) -> None:
         super().__init__(url, **options)
-        self._http = httpx.AsyncClient(timeout=self.timeout, headers=self.headers, limits=self.limits)
+        self._http = AsyncHTTP(self.timeout_s, self.headers, self.max_connections)
 
     async def _get_json(self, send, what: str) -> Any:
         try:
-            response = await asend_with_retries(send, self.policy, f"retrieval service {self.url}")
+            reply = await asend_with_retries(send, self.policy, f"retrieval service {self.url}")
         except RequestFailed as failure:
             raise self._error(failure) from None
         try:
-            return response.json()
-        except ValueError:
+            return reply.json()
+        except orjson.JSONDecodeError:
             raise RetrievalServiceError(f"retrieval service at {self.url} sent {what} that is not JSON") from None
 
     async def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
@@ -143,7 +148,7 @@ class AsyncRetrievalClient(_Base):
         chunks = self._chunks(queries)
         payloads = await asyncio.gather(
             *(
-                self._get_json(lambda c=c: self._http.post(self.url + "/retrieve", json=self._body(c, k)), "an answer")
+                self._get_json(lambda c=c: self._http.post(self.url + "/retrieve", self._body(c, k)), "an answer")
                 for c in chunks
             )
         )
@@ -153,7 +158,7 @@ class AsyncRetrievalClient(_Base):
         return await self._get_json(lambda: self._http.get(self.url + "/health"), "a health report")
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        await self._http.close()
 
     async def __aenter__(self) -> AsyncRetrievalClient:
         return self

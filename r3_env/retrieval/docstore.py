@@ -8,6 +8,7 @@ memory map, so a Wikipedia-sized corpus costs disk reads, not RAM.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import mmap
@@ -52,7 +53,9 @@ class DocStore:
     that folder is read-only).
     """
 
-    def __init__(self, corpus_path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> None:
+    def __init__(
+        self, corpus_path: str | os.PathLike, cache_dir: str | os.PathLike | None = None, cached_rows: int = 65_536
+    ) -> None:
         self.path = Path(corpus_path)
         if not self.path.is_file():
             raise FileNotFoundError(f"corpus_path {self.path} does not exist; give the corpus .jsonl of the index")
@@ -61,6 +64,8 @@ class DocStore:
         self.offsets = self._load_offsets(Path(cache_dir) if cache_dir else self.path.parent)
         self._file = open(self.path, "rb")
         self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) if self.offsets[-1] else None
+        # popular passages come back again and again in RL rollouts: keep the parsed ones
+        self.row = functools.lru_cache(maxsize=cached_rows)(self._read_row)
 
     def _load_offsets(self, cache_dir: Path) -> np.ndarray:
         cache = cache_dir / f"{self.path.name}.offsets.npy"
@@ -84,13 +89,13 @@ class DocStore:
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
-    def row(self, index: int) -> Passage:
+    def _read_row(self, index: int) -> Passage:
         if not 0 <= index < len(self):
             raise IndexError(f"corpus row {index} is out of range (the corpus has {len(self)} rows)")
         start, stop = int(self.offsets[index]), int(self.offsets[index + 1])
         raw = self._map[start:stop]
         try:
-            return parse_passage_row(json.loads(raw), self.path, index + 1)
+            return parse_passage_row(json.loads(raw.decode("utf-8")), self.path, index + 1)
         except ValueError as error:
             if isinstance(error, DataFormatError):
                 raise
@@ -100,6 +105,7 @@ class DocStore:
         return [self.row(int(i)) for i in indices]
 
     def close(self) -> None:
+        self.row.cache_clear()
         if self._map is not None:
             self._map.close()
         self._file.close()

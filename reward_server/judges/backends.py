@@ -9,9 +9,7 @@ import threading
 from abc import ABC, abstractmethod
 from typing import Any
 
-import httpx
-
-from r3_env.http_retry import RequestFailed, RetryPolicy, asend_with_retries
+from r3_env.http_retry import TRANSPORT_ERRORS, AsyncHTTP, RequestFailed, RetryPolicy, asend_with_retries
 from reward_server.config import JUDGE_API_KEY_ENV
 
 logger = logging.getLogger(__name__)
@@ -62,41 +60,35 @@ class OpenAIChatBackend(ChatBackend):
         self.policy = RetryPolicy(retries=retries, backoff=backoff_s)
         self.sampling = {"temperature": temperature, "max_tokens": max_tokens}
         key = api_key or os.environ.get(JUDGE_API_KEY_ENV, "")
-        self._http = httpx.AsyncClient(
-            timeout=timeout_s,
-            headers={"Authorization": f"Bearer {key}"} if key else {},
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-        )
+        self._http = AsyncHTTP(timeout_s, {"Authorization": f"Bearer {key}"} if key else {}, max_connections)
 
     async def chat(self, messages: list[dict[str, str]]) -> str:
         body = {"model": self.model, "messages": messages, **self.sampling}
         try:
-            response = await asend_with_retries(
-                lambda: self._http.post(self.url, json=body), self.policy, f"judge {self.url}"
-            )
+            reply = await asend_with_retries(lambda: self._http.post(self.url, body), self.policy, f"judge {self.url}")
         except RequestFailed as failure:
             verb = "rejected the request" if not failure.retryable else f"failed after {failure.attempts} attempts"
             raise JudgeUnavailable(f"judge at {self.url} {verb}: {failure.detail}") from None
         try:
-            return _reply_text(response.json())
+            return _reply_text(reply.json())
         except ValueError:
             raise JudgeUnavailable(
-                f"judge at {self.url} answered with something that is not JSON: {response.text[:200]!r}"
+                f"judge at {self.url} answered with something that is not JSON: {reply.body[:200]!r}"
             ) from None
 
     async def check(self) -> dict[str, Any]:
         models_url = self.url.rsplit("/chat/completions", 1)[0] + "/models"
         try:
-            response = await self._http.get(models_url, timeout=10)
-            names = [m.get("id") for m in response.json().get("data", [])] if response.status_code == 200 else None
-        except (httpx.HTTPError, ValueError) as error:
+            reply = await self._http.get(models_url, timeout=10)
+            names = [m.get("id") for m in reply.json().get("data", [])] if reply.status == 200 else None
+        except (*TRANSPORT_ERRORS, ValueError) as error:
             return {"reachable": False, "error": f"{type(error).__name__}: {error}"}
         if names is None:
-            return {"reachable": True, "model_listed": None, "error": f"{models_url}: HTTP {response.status_code}"}
+            return {"reachable": True, "model_listed": None, "error": f"{models_url}: HTTP {reply.status}"}
         return {"reachable": True, "model_listed": self.model in names, "models": names[:20]}
 
     async def close(self) -> None:
-        await self._http.aclose()
+        await self._http.close()
 
 
 def _reply_text(payload: dict[str, Any]) -> str:
