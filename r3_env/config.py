@@ -171,3 +171,20 @@ def configs_from_args(
             where = path or "invalid option"
         configs.append(build_config(cls, args, prefix=prefix, file_values=section, where=where))
     return configs
+
+
+def add_config_command(
+    subparsers: argparse._SubParsersAction,
+    name: str,
+    sections: list[tuple[str, type]],
+    func,
+    help: str,
+    description: str = "",
+) -> argparse.ArgumentParser:
+    """A subcommand configured by ``--config FILE`` and one flag per field of each (prefix, class) section."""
+    parser = subparsers.add_parser(name, help=help, description=description or help)
+    parser.add_argument("--config", help="YAML file of the settings below; flags override it")
+    for prefix, cls in sections:
+        add_dataclass_arguments(parser, cls, prefix)
+    parser.set_defaults(func=func)
+    return parser

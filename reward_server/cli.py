@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 import os
 
-from r3_env.config import add_dataclass_arguments, configs_from_args
+from r3_env.config import add_config_command, configs_from_args
 from reward_server.config import (
     JUDGE_API_KEY_ENV,
     REWARD_API_KEY_ENV,
@@ -19,18 +19,18 @@ SECTIONS = (("judge", JudgeConfig), ("reward", RewardConfig), ("service", Reward
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("reward", help="serve the LLM judge (relevance, correctness, rewards)")
-    commands = parser.add_subparsers(dest="reward_command", metavar="ACTION", required=True)
-    serve = commands.add_parser(
+    actions = subparsers.add_parser(
+        "reward", help="serve the LLM judge (relevance, correctness, rewards)"
+    ).add_subparsers(dest="reward_command", metavar="ACTION", required=True)
+    add_config_command(
+        actions,
         "serve",
+        [(f"{name}.", cls) for name, cls in SECTIONS],
+        run_serve,
         help="start the reward server",
         description="Serves POST /relevance, /correctness and /get_reward (OpenRLHF's remote reward), GET /health "
         "and /metrics. reward.yaml has three mappings: judge, reward and service.",
     )
-    serve.add_argument("--config", help="reward.yaml; flags override it")
-    for name, cls in SECTIONS:
-        add_dataclass_arguments(serve, cls, prefix=f"{name}.")
-    serve.set_defaults(func=run_serve)
 
 
 def load_configs(args: argparse.Namespace) -> tuple[JudgeConfig, RewardConfig, RewardServiceConfig]:

@@ -6,25 +6,28 @@ import argparse
 import dataclasses
 import os
 
-from r3_env.config import add_dataclass_arguments, configs_from_args
+from r3_env.config import add_config_command, configs_from_args
 from r3_env.retrieval.client import API_KEY_ENV
 from r3_env.retrieval.config import FLASHRAG_IGNORED_KEYS, RetrieverConfig
 from r3_env.retrieval.index_builder import IndexBuildConfig
 from r3_env.retrieval.service import ServiceConfig
 
+SERVE_SECTIONS = [("", RetrieverConfig), ("service.", ServiceConfig)]
+
 
 def add_index_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("index", help="build retrieval indexes (BM25, dense faiss)")
-    commands = parser.add_subparsers(dest="index_command", metavar="ACTION", required=True)
-    build = commands.add_parser(
+    actions = subparsers.add_parser("index", help="build retrieval indexes (BM25, dense faiss)").add_subparsers(
+        dest="index_command", metavar="ACTION", required=True
+    )
+    add_config_command(
+        actions,
         "build",
+        [("", IndexBuildConfig)],
+        run_build,
         help="build a FlashRAG-compatible index from a corpus .jsonl",
         description="Options follow `python -m flashrag.retriever.index_builder`. BM25 goes to SAVE_DIR/bm25/, a "
         "dense index to SAVE_DIR/{method}_{faiss_type}.index with its embeddings beside it.",
     )
-    build.add_argument("--config", help="YAML file of the options below; flags override it")
-    add_dataclass_arguments(build, IndexBuildConfig)
-    build.set_defaults(func=run_build)
 
 
 def run_build(args: argparse.Namespace) -> int:
@@ -36,24 +39,22 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def add_retriever_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("retriever", help="serve a retriever over HTTP")
-    commands = parser.add_subparsers(dest="retriever_command", metavar="ACTION", required=True)
-    serve = commands.add_parser(
+    actions = subparsers.add_parser("retriever", help="serve a retriever over HTTP").add_subparsers(
+        dest="retriever_command", metavar="ACTION", required=True
+    )
+    add_config_command(
+        actions,
         "serve",
+        SERVE_SECTIONS,
+        run_serve,
         help="start the batched retrieval service",
         description="Serves POST /retrieve (Search-R1), POST /search (R3-RAG), GET /health and GET /metrics. "
         "The YAML config holds FlashRAG's retriever keys at the top level and service keys under 'service:'.",
     )
-    serve.add_argument("--config", help="retriever.yaml; flags override it")
-    add_dataclass_arguments(serve, RetrieverConfig)
-    add_dataclass_arguments(serve, ServiceConfig, prefix="service.")
-    serve.set_defaults(func=run_serve)
 
 
 def load_serve_configs(args: argparse.Namespace) -> tuple[RetrieverConfig, ServiceConfig]:
-    retriever, service = configs_from_args(
-        args, [("", RetrieverConfig), ("service.", ServiceConfig)], ignored=FLASHRAG_IGNORED_KEYS
-    )
+    retriever, service = configs_from_args(args, SERVE_SECTIONS, ignored=FLASHRAG_IGNORED_KEYS)
     if retriever.retrieval_topk > service.max_topk:
         raise ValueError(
             f"retrieval_topk={retriever.retrieval_topk} exceeds service.max_topk={service.max_topk}: "

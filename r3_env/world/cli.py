@@ -5,22 +5,22 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from r3_env.config import add_dataclass_arguments, configs_from_args
+from r3_env.config import add_config_command, configs_from_args
 from r3_env.world.build import WorldConfig
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
+    parser = add_config_command(
+        subparsers,
         "world",
+        [("", WorldConfig)],
+        run,
         help="generate the synthetic multi-hop world (corpus, train and dev questions)",
         description="Write corpus.jsonl, train.jsonl and dev.jsonl (FlashRAG formats) and world.json "
         "(config and statistics) into --out, deterministically from --seed.",
     )
     parser.add_argument("--out", default="runs/world", help="output directory (default: runs/world)")
     parser.add_argument("--overwrite", action="store_true", help="replace a different world already in --out")
-    parser.add_argument("--config", help="YAML file of WorldConfig keys; flags override it")
-    add_dataclass_arguments(parser, WorldConfig)
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
