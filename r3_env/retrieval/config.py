@@ -106,10 +106,6 @@ class RetrieverConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
 
     @property
-    def is_dense(self) -> bool:
-        return self.retrieval_method not in ("bm25", "hybrid")
-
-    @property
     def encoder_name(self) -> str:
         """The dense encoder's family name (hybrid's dense side included)."""
         return self.dense_method if self.retrieval_method == "hybrid" else self.retrieval_method
