@@ -235,12 +235,12 @@ class World:
 
     def _pick_sibling(self, rng: random.Random, year: int) -> Entity | None:
         # people are created in birth order, so recent entries are the right age for a sibling
+        ids = self.people_by_year.ids
         start = bisect.bisect_left(self.people_by_year.years, year - 10)
-        candidates = self.people_by_year.ids[start:]
         for _ in range(4):
-            if not candidates:
+            if start == len(ids):
                 return None
-            candidate = self.entities[rng.choice(candidates)]
+            candidate = self.entities[ids[start + rng.randrange(len(ids) - start)]]
             if candidate.father is None or candidate.variant == "namesake":
                 continue
             if 20 <= year - self.entities[candidate.father].birth[0] <= 50:  # the father fits this child too
@@ -249,11 +249,10 @@ class World:
 
     def _pick_partner(self, rng: random.Random, unmarried: _ByYear, person: Entity) -> int | None:
         start = bisect.bisect_left(unmarried.years, person.birth[0] - 8)
-        pool = unmarried.ids[start:]
         for _ in range(6):
-            if not pool:
+            if start == len(unmarried.ids):
                 return None
-            position = start + rng.randrange(len(pool))
+            position = start + rng.randrange(len(unmarried.ids) - start)
             other = self.entities[unmarried.ids[position]]
             if other.spouse is None and other.gender != person.gender and other.father != person.father:
                 del unmarried.ids[position], unmarried.years[position]
