@@ -44,6 +44,13 @@ def default_instructions(retrieval_method: str) -> tuple[str, str]:
     return "", ""
 
 
+def instruction_prefix(instruction: str | None, retrieval_method: str, passage: bool) -> str:
+    """The prefix put before each query (or passage): the given instruction, else the model family's."""
+    if instruction is None:
+        return default_instructions(retrieval_method)[1 if passage else 0]
+    return instruction.strip() + " " if instruction.strip() else ""
+
+
 @dataclass(frozen=True)
 class RetrieverConfig:
     """How to load and query one retriever.
@@ -111,6 +118,4 @@ class RetrieverConfig:
         return self.dense_method if self.retrieval_method == "hybrid" else self.retrieval_method
 
     def query_instruction(self) -> str:
-        if self.instruction is not None:
-            return self.instruction.strip() + " " if self.instruction.strip() else ""
-        return default_instructions(self.encoder_name)[0]
+        return instruction_prefix(self.instruction, self.encoder_name, passage=False)

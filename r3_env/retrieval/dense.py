@@ -24,7 +24,7 @@ import numpy as np
 
 from r3_env.retrieval.base import Hit, Retriever, check_k
 from r3_env.retrieval.bm25 import IndexFormatError
-from r3_env.retrieval.config import RetrieverConfig, default_instructions
+from r3_env.retrieval.config import RetrieverConfig, instruction_prefix
 from r3_env.retrieval.docstore import DocStore, corpus_fingerprint
 from r3_env.retrieval.encoder import Encoder
 
@@ -154,11 +154,7 @@ def build_dense_index(
 
     save_dir = Path(save_dir)
     save_dir.mkdir(parents=True, exist_ok=True)
-    passage_prefix = (
-        instruction.strip() + " "
-        if instruction and instruction.strip()
-        else (default_instructions(retrieval_method)[1] if instruction is None else "")
-    )
+    passage_prefix = instruction_prefix(instruction, retrieval_method, passage=True)
     corpus = Path(corpus_path)
     spec = EncodingSpec(
         retrieval_method,
@@ -169,8 +165,10 @@ def build_dense_index(
         sentence_transformer,
         corpus_fingerprint(corpus),
     )
+    docs = DocStore(corpus, cache_dir=save_dir)
+    rows = len(docs)
+    docs.close()
     if embedding_path:
-        rows = len(DocStore(corpus, cache_dir=save_dir))
         raw = np.memmap(embedding_path, dtype=np.float32, mode="r")
         if raw.size % rows:
             raise ValueError(
@@ -180,7 +178,6 @@ def build_dense_index(
         embeddings = raw.reshape(rows, raw.size // rows)
         logger.info("reusing %d embeddings of dim %d from %s", rows, embeddings.shape[1], embedding_path)
     else:
-        rows = len(DocStore(corpus, cache_dir=save_dir))
         embeddings = finished_embeddings(save_dir, retrieval_method, spec, rows)
         if embeddings is not None:
             logger.info("reusing the %d embeddings already computed in %s", rows, save_dir)
