@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -82,6 +83,20 @@ class _Base:
             failure.status,
         )
 
+    @contextmanager
+    def _failures(self) -> Iterator[None]:
+        """Raise a failed request as RetrievalServiceError."""
+        try:
+            yield
+        except RequestFailed as failure:
+            raise self._error(failure) from None
+
+    def _decode(self, reply: Reply, what: str) -> Any:
+        try:
+            return reply.json()
+        except orjson.JSONDecodeError:
+            raise RetrievalServiceError(f"retrieval service at {self.url} sent {what} that is not JSON") from None
+
     @staticmethod
     def _body(chunk: list[str], k: int) -> dict[str, Any]:
         return {"queries": chunk, "topk": k, "return_scores": True}
@@ -100,14 +115,9 @@ class RetrievalClient(_Base, Retriever):
         )
 
     def _get_json(self, send, what: str) -> Any:
-        try:
+        with self._failures():
             reply = send_with_retries(lambda: Reply.of(send()), self.policy, f"retrieval service {self.url}")
-        except RequestFailed as failure:
-            raise self._error(failure) from None
-        try:
-            return reply.json()
-        except orjson.JSONDecodeError:
-            raise RetrievalServiceError(f"retrieval service at {self.url} sent {what} that is not JSON") from None
+        return self._decode(reply, what)
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
         check_k(k)
@@ -134,14 +144,9 @@ class AsyncRetrievalClient(_Base):
         self._http = AsyncHTTP(self.timeout_s, self.headers, self.max_connections)
 
     async def _get_json(self, send, what: str) -> Any:
-        try:
+        with self._failures():
             reply = await asend_with_retries(send, self.policy, f"retrieval service {self.url}")
-        except RequestFailed as failure:
-            raise self._error(failure) from None
-        try:
-            return reply.json()
-        except orjson.JSONDecodeError:
-            raise RetrievalServiceError(f"retrieval service at {self.url} sent {what} that is not JSON") from None
+        return self._decode(reply, what)
 
     async def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
         check_k(k)
