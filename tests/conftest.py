@@ -64,6 +64,16 @@ SPECIAL_TOKENS = [
 ]
 
 
+def run_r3rag(*args: str, cwd: Path | None = None, timeout: float = 300):
+    """Run the ``r3rag`` command in a subprocess, as a user would; returns the CompletedProcess."""
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "r3_env.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
+
+
 def shared_dataset(name: str) -> Path:
     """The folder of a shared real dataset, or a skip that says why it is missing."""
     folder = SHARED_DATA / name

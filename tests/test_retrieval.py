@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -15,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 import yaml
-from conftest import ServiceProcess, free_port, minilm_path
+from conftest import ServiceProcess, free_port, minilm_path, run_r3rag
 
 from r3_env.data import Passage, iter_corpus
 from r3_env.retrieval import RetrieverConfig, load_retriever, open_retriever
@@ -390,22 +389,7 @@ def test_repeated_queries_are_served_from_the_cache(bm25_service):
 
 
 def test_missing_index_is_a_clear_startup_error(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "r3_env.cli",
-            "retriever",
-            "serve",
-            "--index_path",
-            str(tmp_path / "nope"),
-            "--service.port",
-            str(free_port()),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_r3rag("retriever", "serve", "--index_path", str(tmp_path / "nope"), "--service.port", str(free_port()))
     assert result.returncode == 2 and "not a bm25s index folder" in result.stderr and "Traceback" not in result.stderr
 
 
@@ -463,19 +447,9 @@ def test_dense_service_matches_in_process(built):
 
 
 def test_cli_index_build_errors(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "r3_env.cli", "index", "build", "--corpus_path", str(tmp_path / "none.jsonl")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_r3rag("index", "build", "--corpus_path", str(tmp_path / "none.jsonl"))
     assert result.returncode == 2 and "corpus_path" in result.stderr and "does not exist" in result.stderr
-    result = subprocess.run(
-        [sys.executable, "-m", "r3_env.cli", "index", "build", "--retrieval_method", "e5", "--corpus_path", __file__],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_r3rag("index", "build", "--retrieval_method", "e5", "--corpus_path", __file__)
     assert result.returncode == 2 and "model_path is required" in result.stderr
 
 

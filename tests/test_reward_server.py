@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from conftest import CHATML_TEMPLATE, ROOT, ServiceProcess, free_port, make_tokenizer, save_tiny_causal_lm
+from conftest import CHATML_TEMPLATE, ROOT, ServiceProcess, free_port, make_tokenizer, run_r3rag, save_tiny_causal_lm
 
 from r3_env.data import Passage
 from r3_env.protocol import ChatRenderer, Step, Turn
@@ -427,26 +427,11 @@ def test_the_cache_survives_a_restart(standin, policy_tokenizer_dir, tmp_path):
 def test_config_errors_are_clear(tmp_path):
     path = tmp_path / "reward.yaml"
     path.write_text(yaml.safe_dump({"judges": {"backend": "lexical"}}))
-    result = subprocess.run(
-        [sys.executable, "-m", "r3_env.cli", "reward", "serve", "--config", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_r3rag("reward", "serve", "--config", str(path))
     assert result.returncode == 2 and "unknown key 'judges'; valid keys: judge, reward, service" in result.stderr
-    result = subprocess.run(
-        [sys.executable, "-m", "r3_env.cli", "reward", "serve", "--judge.backend", "local"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_r3rag("reward", "serve", "--judge.backend", "local")
     assert result.returncode == 2 and "judge.model_path is required" in result.stderr
-    result = subprocess.run(
-        [sys.executable, "-m", "r3_env.cli", "reward", "serve", "--reward.scheme_options", '{"bogus": 1}'],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_r3rag("reward", "serve", "--reward.scheme_options", '{"bogus": 1}')
     assert result.returncode == 2 and "scheme_options do not fit" in result.stderr
 
 

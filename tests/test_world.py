@@ -5,20 +5,16 @@ from __future__ import annotations
 import json
 import random
 import re
-import subprocess
-import sys
 from collections import Counter, defaultdict
 from datetime import datetime
-from pathlib import Path
 
 import pytest
+from conftest import run_r3rag
 
 from r3_env.data import iter_corpus, read_dataset
 from r3_env.world import World, WorldConfig, generate_world
 from r3_env.world.build import WorldExistsError
 from r3_env.world.questions import QuestionMaker
-
-R3RAG = [sys.executable, "-m", "r3_env.cli"]
 
 
 @pytest.fixture(scope="module")
@@ -214,21 +210,17 @@ def test_existing_world_is_kept_and_a_different_one_protected(tmp_path):
     assert generate_world(WorldConfig(entities=300), out, overwrite=True)["entities"] == 300
 
 
-def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([*R3RAG, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
-
-
 def test_cli_world_prints_statistics(tmp_path):
-    result = _run("world", "--out", "w", "--entities", "400", "--seed", "3", "--dev-questions", "60", cwd=tmp_path)
+    result = run_r3rag("world", "--out", "w", "--entities", "400", "--seed", "3", "--dev-questions", "60", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "400 entities" in result.stdout and "BM25 top-5" in result.stdout and "dev 60" in result.stdout
     assert (tmp_path / "w" / "corpus.jsonl").is_file()
 
-    clash = _run("world", "--out", "w", "--entities", "500", cwd=tmp_path)
+    clash = run_r3rag("world", "--out", "w", "--entities", "500", cwd=tmp_path)
     assert clash.returncode == 2 and "--overwrite" in clash.stderr and "Traceback" not in clash.stderr
 
     (tmp_path / "world.yaml").write_text("entities: 150\nseed: 4\nbm25_check: 0\n")
-    from_file = _run("world", "--out", "y", "--config", "world.yaml", "--seed", "9", cwd=tmp_path)
+    from_file = run_r3rag("world", "--out", "y", "--config", "world.yaml", "--seed", "9", cwd=tmp_path)
     assert from_file.returncode == 0, from_file.stderr
     config = json.loads((tmp_path / "y" / "world.json").read_text())["config"]
     assert (config["entities"], config["seed"]) == (150, 9)
@@ -245,5 +237,5 @@ def test_cli_world_prints_statistics(tmp_path):
     ],
 )
 def test_cli_bad_input_is_a_clear_error(tmp_path, args, message):
-    result = _run("world", "--out", "w", *args, cwd=tmp_path)
+    result = run_r3rag("world", "--out", "w", *args, cwd=tmp_path)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
