@@ -82,6 +82,43 @@ class QAItem:
         return row
 
 
+@dataclass(frozen=True)
+class Label:
+    """What a rollout's label tells the environment: the golden answers, and optionally the question and gold ids."""
+
+    golden_answers: list[str]
+    question: str | None = None
+    gold_ids: list[str] = field(default_factory=list)
+
+
+def _strings(values: Any) -> list[str]:
+    if isinstance(values, (str, int, float)) and not isinstance(values, bool):
+        values = [values]
+    if not isinstance(values, list):
+        return []
+    return [str(v) for v in values if isinstance(v, (str, int, float)) and not isinstance(v, bool) and str(v).strip()]
+
+
+def read_label(label: Any) -> Label:
+    """A label as OpenRLHF passes it (``--data.label_key``): a JSON object, a list of answers, or one answer.
+
+    Objects may name ``golden_answers`` (or ``answers``), ``question``, and the gold passages as
+    ``gold_ids`` or FlashRAG-style ``metadata.supporting_passage_ids``. A label naming no usable
+    answer (None, "null", an empty list) gives empty ``golden_answers``, which callers report.
+    """
+    if isinstance(label, str):
+        try:
+            label = json.loads(label)
+        except ValueError:
+            return Label([label] if label.strip() else [])
+    if not isinstance(label, dict):
+        return Label(_strings(label))
+    question = label.get("question") if isinstance(label.get("question"), str) else None
+    metadata = label.get("metadata") if isinstance(label.get("metadata"), dict) else {}
+    gold = label.get("gold_ids", metadata.get("supporting_passage_ids"))
+    return Label(_strings(label.get("golden_answers", label.get("answers"))), question, _strings(gold))
+
+
 def open_text(path: PathLike, mode: str = "r", gz: bool | None = None) -> TextIO:
     """Open a text file, gzip-compressed when ``gz`` (by default: when the name ends in .gz)."""
     if gz if gz is not None else str(path).endswith(".gz"):

@@ -5,14 +5,21 @@ the documents it brought back. A scheme turns it into per-step rewards aligned w
 steps (each retrieval step, then the final answer or the step that broke the format); their sum
 is the scalar episode reward.
 
-``r3`` is R3-RAG's scheme (spec section 3, the official constants, all configurable): process
-rewards (relevance) scaled by the outcome, plus the answer step's reward. ``outcome`` is the
-ablation without process rewards: the same answer and format terms, no relevance.
+- ``r3`` is R3-RAG's scheme (spec section 3, the official constants, all configurable): process
+  rewards (relevance) scaled by the outcome, plus the answer step's reward.
+- ``outcome`` is the ablation without process rewards: the same answer and format terms.
+- ``staged_rc`` is the retrieval-cost-aware staged reward of "Learning when to search": stage 1
+  rewards retrieving when wrong, stage 2 charges retrieval when right; plus a search term (query
+  conciseness, or query diversity when it retrieved more than once) and a +-1 format term. One
+  episode-level reward, placed at the last step.
+- ``gold_hit`` rewards each retrieval step by the gold passages it found first, and answering
+  once all were found; answering before that zeroes the episode. It needs no judge.
 """
 
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -26,14 +33,24 @@ class Outcome(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Episode:
-    """What a scheme needs: the outcome and one relevance score in [0, 1] per retrieval step.
+    """What a scheme needs to know about one finished episode.
 
     The policy's steps are the retrieval steps, then (unless the outcome is NO_ANSWER) one
-    final step: the answer, or the step that broke the format.
+    final step: the answer, or the step that broke the format. ``relevance`` has one score in
+    [0, 1] per retrieval step (zeros when the scheme asked for no judge), so its length is the
+    number of retrievals. The other fields are filled when a scheme needs them: ``new_gold``
+    (per retrieval step, gold passages not retrieved before) and ``gold_total`` for
+    ``gold_hit``; ``queries``, ``query_similarity`` (mean pairwise cosine of the query
+    embeddings) and ``training_step`` for ``staged_rc``.
     """
 
     outcome: Outcome
     relevance: Sequence[float] = ()
+    new_gold: Sequence[int] = ()
+    gold_total: int = 0
+    queries: Sequence[str] = ()
+    query_similarity: float | None = None
+    training_step: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.outcome, Outcome):
@@ -42,10 +59,20 @@ class Episode:
             raise ValueError(f"relevance scores must lie in [0, 1], got {list(self.relevance)}")
         if self.outcome is Outcome.NO_ANSWER and not self.relevance:
             raise ValueError("a no-answer episode has at least one retrieval step")
+        for name in ("new_gold", "queries"):
+            values = getattr(self, name)
+            if values and len(values) != len(self.relevance):
+                raise ValueError(f"{name} has {len(values)} entries for {len(self.relevance)} retrieval steps")
+        if sum(self.new_gold) > self.gold_total:
+            raise ValueError(f"new_gold sums to {sum(self.new_gold)}, more than gold_total={self.gold_total}")
+
+    @property
+    def retrievals(self) -> int:
+        return len(self.relevance)
 
     @property
     def num_steps(self) -> int:
-        return len(self.relevance) + (self.outcome is not Outcome.NO_ANSWER)
+        return self.retrievals + (self.outcome is not Outcome.NO_ANSWER)
 
 
 @dataclass(frozen=True)
@@ -88,13 +115,100 @@ def r3_step_rewards(episode: Episode, config: R3RewardConfig | None = None) -> l
     return rewards
 
 
+def at_last_step(episode: Episode, reward: float) -> list[float]:
+    """An episode-level reward as per-step rewards: zeros, then ``reward`` at the last step."""
+    return [0.0] * (episode.num_steps - 1) + [reward]
+
+
+_QUESTION_WORDS = frozenset("what who whom whose which when where why how".split())
+
+
+def is_concise(query: str, max_words: int = 10) -> bool:
+    """The rule for a concise search query: no question words, no question mark, at most ``max_words`` words."""
+    words = re.findall(r"[\w']+", query.lower())
+    return bool(words) and len(words) <= max_words and "?" not in query and not _QUESTION_WORDS & set(words)
+
+
+@dataclass(frozen=True)
+class StagedRCConfig:
+    """ "Learning when to search": r = answer (staged by retrieval count RC) + search + format."""
+
+    beta: float = 0.3  # cost (stage 2) or bonus (stage 1, when wrong) per retrieval
+    switch_step: int = 100  # training step at which stage 2 starts
+    correct_reward: float = 1.0
+    wrong_reward: float = -1.0
+    format_reward: float = 1.0  # +this when every step parsed, -this when one did not
+    verbose_query_penalty: float = -1.0  # RC <= 1 and the query is not concise
+    max_query_words: int = 10
+    diversity: bool = True  # RC > 1: minus the mean pairwise cosine similarity of the query embeddings
+
+    def __post_init__(self) -> None:
+        if self.beta < 0 or self.switch_step < 0 or self.max_query_words < 1:
+            raise ValueError("beta and switch_step must be 0 or more, max_query_words at least 1")
+
+
+def staged_rc_reward(episode: Episode, config: StagedRCConfig) -> float:
+    """The episode's reward r_a + r_s + r_f (spec section 6 and LWS.md section 2)."""
+    rc = episode.retrievals
+    correct = episode.outcome is Outcome.CORRECT
+    if episode.training_step < config.switch_step:  # stage 1: retrieving is encouraged when wrong
+        answer = config.correct_reward if correct else config.wrong_reward + config.beta * rc
+    else:  # stage 2: retrieval the answer did not need costs
+        answer = config.correct_reward - config.beta * rc if correct else config.wrong_reward
+    if rc > 1:
+        if config.diversity and episode.query_similarity is None:
+            raise ValueError("staged_rc with diversity needs the query embeddings' similarity (env.query_encoder)")
+        search = -(episode.query_similarity or 0.0) if config.diversity else 0.0
+    elif rc == 1 and episode.queries and not is_concise(episode.queries[0], config.max_query_words):
+        search = config.verbose_query_penalty
+    else:
+        search = 0.0
+    form = -config.format_reward if episode.outcome is Outcome.FORMAT_ERROR else config.format_reward
+    return answer + search + form
+
+
+@dataclass(frozen=True)
+class GoldHitConfig:
+    """Gold-hit process reward: per new gold passage, and a bonus for answering once all were found."""
+
+    hit_reward: float = 0.2  # per gold passage a retrieval step found first (R2AG's alpha)
+    complete_bonus: float = 0.3  # answering with every gold passage found (R2AG's beta)
+    format_error_reward: float = 0.0  # R2AG zeroes the episode on a format failure
+
+
+def gold_hit_step_rewards(episode: Episode, config: GoldHitConfig) -> list[float]:
+    if episode.gold_total < 1:
+        raise ValueError(
+            "gold_hit needs the gold passages of each question: give labels with gold_ids "
+            "(r3_env.data.read_label reads supporting_passage_ids or gold_ids)"
+        )
+    found = sum(episode.new_gold)
+    hits = [config.hit_reward * n for n in episode.new_gold]
+    if episode.outcome is Outcome.NO_ANSWER:
+        return hits
+    if episode.outcome is Outcome.FORMAT_ERROR:
+        return [0.0] * episode.retrievals + [config.format_error_reward]
+    if found < episode.gold_total:  # it stopped before finding every gold passage
+        return [0.0] * episode.num_steps
+    return hits + [config.complete_bonus]
+
+
 @dataclass(frozen=True)
 class RewardScheme:
-    """A named scheme: ``step_rewards(episode)`` and whether it needs the relevance judge."""
+    """A named scheme: ``step_rewards(episode)`` and what the episode must carry for it.
+
+    ``needs_relevance``: the relevance judge; ``needs_correctness``: the answer's correctness
+    (match, then judge); ``needs_gold``: the dataset's gold passage ids; ``needs_query_similarity``:
+    query embeddings (an encoder); ``needs_training_step``: the trainer's step (staged schemes).
+    """
 
     name: str
     step_rewards: Callable[[Episode], list[float]]
     needs_relevance: bool
+    needs_correctness: bool = True
+    needs_gold: bool = False
+    needs_query_similarity: bool = False
+    needs_training_step: bool = False
 
 
 _SCHEMES: dict[str, Callable[..., RewardScheme]] = {}
@@ -116,7 +230,10 @@ def get_scheme(name: str, **options) -> RewardScheme:
         factory = _SCHEMES[name]
     except KeyError:
         raise ValueError(f"unknown reward scheme {name!r}; choose one of: {', '.join(available_schemes())}") from None
-    return factory(**options)
+    try:
+        return factory(**options)
+    except TypeError as error:  # an option the scheme's config does not have
+        raise ValueError(f"reward scheme {name!r}: {error}") from None
 
 
 def _r3(**options) -> RewardScheme:
@@ -129,5 +246,29 @@ def _outcome(**options) -> RewardScheme:
     return RewardScheme("outcome", lambda episode: r3_step_rewards(episode, config), needs_relevance=False)
 
 
+def _staged_rc(**options) -> RewardScheme:
+    config = StagedRCConfig(**options)
+    return RewardScheme(
+        "staged_rc",
+        lambda episode: at_last_step(episode, staged_rc_reward(episode, config)),
+        needs_relevance=False,
+        needs_query_similarity=config.diversity,
+        needs_training_step=True,
+    )
+
+
+def _gold_hit(**options) -> RewardScheme:
+    config = GoldHitConfig(**options)
+    return RewardScheme(
+        "gold_hit",
+        lambda episode: gold_hit_step_rewards(episode, config),
+        needs_relevance=False,
+        needs_correctness=False,
+        needs_gold=True,
+    )
+
+
 register_scheme("r3", _r3)
 register_scheme("outcome", _outcome)
+register_scheme("staged_rc", _staged_rc)
+register_scheme("gold_hit", _gold_hit)

@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from r3_env.reward_client import API_KEY_ENV as REWARD_API_KEY_ENV
+
 JUDGE_API_KEY_ENV = "R3RAG_JUDGE_API_KEY"
-REWARD_API_KEY_ENV = "R3RAG_REWARD_API_KEY"
 
 
 @dataclass(frozen=True)

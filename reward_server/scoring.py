@@ -9,13 +9,13 @@ scheme (``r3_env.rewards``).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from r3_env.answers import answer_matches, clean_answer
+from r3_env.data import read_label
 from r3_env.protocol import ChatRenderer, FormatError, Step
 from r3_env.rewards import Episode, Outcome, RewardScheme
 from reward_server.judges.base import CorrectnessItem, Judge, JudgeResult, RelevanceItem
@@ -83,34 +83,11 @@ class ParsedTranscript:
         return self.steps[-1].answer if self.steps and self.steps[-1].is_final else None
 
 
-def read_label(label: Any) -> tuple[list[str], str | None]:
-    """(golden answers, question or None) from a label: a JSON object, a list of answers, or one answer.
-
-    A label naming no usable answer (None, "null", an empty list, ``{"golden_answers": null}``)
-    gives an empty list, which the caller reports.
-    """
-    if isinstance(label, str):
-        try:
-            label = json.loads(label)
-        except ValueError:
-            return ([label] if label.strip() else []), None
-    question = None
-    if isinstance(label, dict):
-        question = label.get("question") if isinstance(label.get("question"), str) else None
-        label = label.get("golden_answers", label.get("answers"))
-    if isinstance(label, (str, int, float)) and not isinstance(label, bool):
-        label = [label]
-    if not isinstance(label, list):
-        return [], question
-    return [
-        str(a) for a in label if isinstance(a, (str, int, float)) and not isinstance(a, bool) and str(a).strip()
-    ], question
-
-
 def parse_transcript(
     renderer: ChatRenderer, query: str, prompt: str | None, label: Any, max_steps: int
 ) -> ParsedTranscript:
-    golden, question = read_label(label)
+    read = read_label(label)
+    golden, question = read.golden_answers, read.question
     fmt = renderer.format
     parsed = ParsedTranscript(question=question or renderer.question_of(prompt or "") or "", golden_answers=golden)
     if not golden:

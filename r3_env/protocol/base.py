@@ -64,6 +64,7 @@ class FormatReason(str, enum.Enum):
     MULTIPLE_ANSWERS = "multiple_answers"
     EMPTY_ANSWER = "empty_answer"
     TEXT_AFTER_ANSWER = "text_after_answer"
+    TRUNCATED = "truncated"  # generation hit its token limit before the step ended
 
 
 class FormatError(ValueError):

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# R3-RAG's RL stage on OpenRLHF: PPO with GAE and a critic (the paper's settings), or GRPO / REINFORCE++.
+#
+#   ray job submit --address=http://HEAD:8265 --runtime-env-json='{"working_dir": "."}' -- bash launch/ppo_r3.sh
+#   bash launch/ppo_r3.sh --dry-run [more OpenRLHF flags]     # print the resolved command
+#
+# The retrieval service (launch/serve_retriever.sh) and the reward server (launch/serve_reward.sh)
+# must be reachable from every node. Flags after the variables' defaults override them.
+#
+# Variables (defaults in brackets):
+#   POLICY            the cold-start (SFT) checkpoint or a hub name [Qwen/Qwen2.5-7B-Instruct]
+#   PROMPT_DATA       RL questions, FlashRAG jsonl (question, golden_answers) [data/hotpotqa_rl.jsonl]
+#   INPUT_KEY         question field [question]
+#   LABEL_KEY         label field: golden answers, or a JSON label (see r3_env.data.read_label) [golden_answers]
+#   RETRIEVER_URL     retrieval service [http://127.0.0.1:8000]
+#   REWARD_URL        reward server (judge) [http://127.0.0.1:8002]
+#   AGENT_CONFIG      the environment's YAML (env, reward, services, policy) [launch/configs/r3.yaml]
+#   SCHEME            reward scheme override: r3, outcome, staged_rc, gold_hit [the config's]
+#   PLACEMENT         step (each step's reward at its last token) or scalar [step]
+#   ALGO              ppo (GAE + critic, the paper), grpo (group_norm), reinforce++ (reinforce_baseline) [ppo]
+#   NODES, GPUS_PER_NODE        GPU layout of actor/critic/ref, colocated with vLLM [1, 8]
+#   VLLM_ENGINES, VLLM_TP       vLLM rollout engines and their tensor parallelism [NODES*GPUS_PER_NODE, 1]
+#   VLLM_GPU_MEMORY             vLLM's share of each GPU when colocated [0.5]
+#   SAMPLES_PER_PROMPT          [4 for ppo, 8 for grpo and reinforce++]
+#   MAX_LEN           prompt + every step + documents, in tokens [8192]
+#   SAVE_DIR          final model [checkpoints/r3-<ALGO>]
+#   CKPT_DIR          resumable DeepSpeed checkpoints; a rerun resumes from the newest [<SAVE_DIR>/ckpt]
+#   SAVE_STEPS        checkpoint every N steps [20]
+#   WANDB_API_KEY     log to Weights & Biases when set; TENSORBOARD_DIR to TensorBoard [<SAVE_DIR>/tb]
+#   PYTHON            [python3]
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=launch/lib.sh
+source "$here/lib.sh"
+split_dry_run "$@"
+
+PYTHON="${PYTHON:-python3}"
+POLICY="${POLICY:-Qwen/Qwen2.5-7B-Instruct}"
+PROMPT_DATA="${PROMPT_DATA:-data/hotpotqa_rl.jsonl}"
+INPUT_KEY="${INPUT_KEY:-question}"
+LABEL_KEY="${LABEL_KEY:-golden_answers}"
+RETRIEVER_URL="${RETRIEVER_URL:-http://127.0.0.1:8000}"
+REWARD_URL="${REWARD_URL:-http://127.0.0.1:8002}"
+AGENT_CONFIG="${AGENT_CONFIG:-$here/configs/r3.yaml}"
+PLACEMENT="${PLACEMENT:-step}"
+ALGO="${ALGO:-ppo}"
+NODES="${NODES:-1}"
+GPUS_PER_NODE="${GPUS_PER_NODE:-8}"
+VLLM_ENGINES="${VLLM_ENGINES:-$((NODES * GPUS_PER_NODE))}"
+VLLM_TP="${VLLM_TP:-1}"
+VLLM_GPU_MEMORY="${VLLM_GPU_MEMORY:-0.5}"
+MAX_LEN="${MAX_LEN:-8192}"
+SAVE_DIR="${SAVE_DIR:-checkpoints/r3-$ALGO}"
+CKPT_DIR="${CKPT_DIR:-$SAVE_DIR/ckpt}"
+SAVE_STEPS="${SAVE_STEPS:-20}"
+TENSORBOARD_DIR="${TENSORBOARD_DIR:-$SAVE_DIR/tb}"
+ROLLOUT_BATCH=64
+
+case "$ALGO" in
+    ppo)
+        SAMPLES_PER_PROMPT="${SAMPLES_PER_PROMPT:-4}"
+        algo_flags=(--algo.advantage.estimator gae --algo.advantage.gamma 1.0 --algo.advantage.lambd 0.95
+            --critic.model_name_or_path "$POLICY" --critic.adam.lr 9e-6 --algo.kl.init_coef 0.01) ;;
+    grpo)
+        SAMPLES_PER_PROMPT="${SAMPLES_PER_PROMPT:-8}"
+        algo_flags=(--algo.advantage.estimator group_norm --algo.kl.use_loss --algo.kl.estimator k3
+            --algo.kl.init_coef 0.001) ;;
+    reinforce++)
+        SAMPLES_PER_PROMPT="${SAMPLES_PER_PROMPT:-8}"
+        algo_flags=(--algo.advantage.estimator reinforce_baseline --algo.kl.use_loss --algo.kl.estimator k2
+            --algo.kl.init_coef 0.001) ;;
+    *)
+        echo "ALGO must be ppo, grpo or reinforce++, got '$ALGO'" >&2
+        exit 2 ;;
+esac
+if [[ "$PLACEMENT" != step && "$PLACEMENT" != scalar ]]; then
+    echo "PLACEMENT must be step or scalar, got '$PLACEMENT'" >&2
+    exit 2
+fi
+if [[ ! -f "$AGENT_CONFIG" ]]; then
+    echo "AGENT_CONFIG=$AGENT_CONFIG does not exist" >&2
+    exit 2
+fi
+
+# The agent reads its config from these in every Ray worker (r3_env.openrlhf.train forwards R3RAG_*).
+episodes_per_step=$(( (ROLLOUT_BATCH * SAMPLES_PER_PROMPT + VLLM_ENGINES - 1) / VLLM_ENGINES ))
+overrides="{\"services.retriever_url\": \"$RETRIEVER_URL\", \"services.reward_url\": \"$REWARD_URL\""
+overrides+=", \"reward.placement\": \"$PLACEMENT\", \"reward.episodes_per_step\": $episodes_per_step"
+if [[ -n "${SCHEME:-}" ]]; then overrides+=", \"reward.scheme\": \"$SCHEME\""; fi
+overrides+="}"
+export R3RAG_AGENT_CONFIG="$AGENT_CONFIG"
+export R3RAG_AGENT_OVERRIDES="$overrides"
+if ! r3_env_dir="$("$PYTHON" -c 'import importlib.util as u; print(u.find_spec("r3_env").submodule_search_locations[0])' 2>/dev/null)"; then
+    echo "r3rag is not installed for $PYTHON: pip install -e . (or set PYTHON to the env's python)" >&2
+    exit 2
+fi
+agent_file="$r3_env_dir/openrlhf/agent.py"
+
+cmd=("$PYTHON" -m r3_env.openrlhf.train
+    --actor.model_name_or_path "$POLICY"
+    --train.agent_func_path "$agent_file"
+    --data.prompt_dataset "$PROMPT_DATA" --data.input_key "$INPUT_KEY" --data.label_key "$LABEL_KEY"
+    --data.max_len "$MAX_LEN" --rollout.max_new_tokens 512
+    --rollout.batch_size "$ROLLOUT_BATCH" --train.batch_size 64 --rollout.n_samples_per_prompt "$SAMPLES_PER_PROMPT"
+    --rollout.micro_batch_size 8 --train.micro_batch_size 4 --rollout.temperature 1.0
+    --train.num_episodes 4 --train.max_epochs 1
+    --actor.adam.lr 5e-7
+    "${algo_flags[@]}"
+    --ds.zero_stage 2 --ds.param_dtype bf16 --actor.gradient_checkpointing_enable
+    --actor.num_nodes "$NODES" --actor.num_gpus_per_node "$GPUS_PER_NODE"
+    --ref.num_nodes "$NODES" --ref.num_gpus_per_node "$GPUS_PER_NODE"
+    --critic.num_nodes "$NODES" --critic.num_gpus_per_node "$GPUS_PER_NODE"
+    --vllm.num_engines "$VLLM_ENGINES" --vllm.tensor_parallel_size "$VLLM_TP"
+    --vllm.gpu_memory_utilization "$VLLM_GPU_MEMORY" --vllm.enable_sleep --ds.enable_sleep --train.colocate_all
+    --ckpt.output_dir "$SAVE_DIR" --ckpt.path "$CKPT_DIR" --ckpt.save_steps "$SAVE_STEPS" --ckpt.max_num 3
+    --ckpt.load_enable
+    --logger.logging_steps 1 --logger.tensorboard_dir "$TENSORBOARD_DIR")
+if [[ -n "${WANDB_API_KEY:-}" ]]; then cmd+=(--logger.wandb.key "$WANDB_API_KEY" --logger.wandb.project r3rag); fi
+cmd+=("${extra[@]}")
+
+if (( dry_run )); then
+    echo "R3RAG_AGENT_CONFIG=$(printf '%q' "$R3RAG_AGENT_CONFIG")"
+    echo "R3RAG_AGENT_OVERRIDES=$(printf '%q' "$R3RAG_AGENT_OVERRIDES")"
+    print_command "${cmd[@]}"
+    exit 0
+fi
+exec "${cmd[@]}"

@@ -1,0 +1,193 @@
+"""One episode of step-by-step reasoning and retrieval: the policy writes a step, the environment answers.
+
+``reset()`` renders the prompt; ``step(action_text)`` parses the policy's step and
+
+- retrieves top-k documents for a query (optionally dropping already-seen ids, keeping a few new
+  ones per step and capping the total, as R3-RAG's official code does) and returns them as the
+  rendered document turn;
+- ends the episode on an answer;
+- ends it on a step that does not parse (a format failure), or asks for the step again, up to
+  ``format_retries`` times, when regeneration is on (the official code regenerates up to 3 times).
+
+Reaching ``max_steps`` retrievals without an answer ends the episode with no answer. Every step
+leaves a :class:`StepRecord` (query, document ids and titles, later the judge's relevance): the
+record is what rewards, logs and evaluation read.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from r3_env.data import Passage
+from r3_env.protocol import ChatRenderer, FormatError, FormatReason, Step
+from r3_env.retrieval.base import Hit
+
+# One query in, its top-k hits out (a coalesced call to the retrieval service, or an in-process retriever).
+SearchFn = Callable[[str, int], Awaitable[list[Hit]]]
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """The episode's rules. Defaults follow the paper's evaluation; ``launch/configs/r3.yaml`` has the RL ones."""
+
+    max_steps: int = 5  # retrieval steps before the episode ends with no answer
+    topk: int = 5  # documents asked of the retriever per query
+    docs_per_step: int = 0  # documents kept per step (0: all top-k); the official RL code keeps 2 new ones
+    dedup_docs: bool = False  # drop documents already shown in earlier steps
+    max_total_docs: int = 0  # stop adding documents once this many were shown (0: no cap); official RL: 10
+    doc_chars: int = 512  # characters of each document shown to the policy
+    format_retries: int = 0  # regenerate a step that does not parse up to this many times (official: 3)
+    max_step_tokens: int = 512  # new tokens per step
+    max_query_chars: int = 1024  # longer queries are cut before retrieval (the service rejects huge ones)
+
+    def __post_init__(self) -> None:
+        for name in ("max_steps", "topk", "doc_chars", "max_step_tokens", "max_query_chars"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("docs_per_step", "max_total_docs", "format_retries"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be 0 or more, got {getattr(self, name)}")
+
+
+class StepKind(str, enum.Enum):
+    QUERY = "query"
+    ANSWER = "answer"
+    FORMAT_ERROR = "format_error"
+
+
+@dataclass
+class StepRecord:
+    """What one policy step did. ``relevance`` and ``new_gold`` are filled in by scoring."""
+
+    kind: StepKind
+    action: str
+    analysis: str = ""
+    query: str | None = None
+    answer: str | None = None
+    doc_ids: list[str] = field(default_factory=list)
+    titles: list[str] = field(default_factory=list)
+    format_error: str | None = None
+    format_retries: int = 0  # unparseable attempts regenerated before this one
+    relevance: float | None = None
+    relevance_fallback: bool = False
+    new_gold: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        row = asdict(self)
+        row["kind"] = self.kind.value
+        return row
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What the executor does next: append ``feedback`` and continue, stop (``done``), or regenerate (``retry``)."""
+
+    feedback: str = ""
+    done: bool = False
+    retry: bool = False
+    documents: tuple[Passage, ...] = ()
+
+
+class RetrievalEnv:
+    """One episode. Not reusable: make one per rollout."""
+
+    def __init__(
+        self,
+        config: EnvConfig,
+        renderer: ChatRenderer,
+        search: SearchFn,
+        question: str,
+    ) -> None:
+        self.config, self.renderer, self.search, self.question = config, renderer, search, question
+        self.steps: list[StepRecord] = []
+        self.documents: list[list[Passage]] = []  # per retrieval step, as shown to the policy
+        self.done = False
+        self._seen: set[str] = set()
+        self._shown = 0
+        self._retries = 0
+
+    def reset(self) -> str:
+        """The prompt: instructions and question through the first generation prompt."""
+        return self.renderer.prompt(self.question)
+
+    @property
+    def retrievals(self) -> int:
+        return sum(step.kind is StepKind.QUERY for step in self.steps)
+
+    @property
+    def answer(self) -> str | None:
+        last = self.steps[-1] if self.steps else None
+        return last.answer if last is not None and last.kind is StepKind.ANSWER else None
+
+    @property
+    def format_error(self) -> str | None:
+        last = self.steps[-1] if self.steps else None
+        return last.format_error if last is not None else None
+
+    @property
+    def num_docs(self) -> int:
+        return self._shown
+
+    async def step(self, action_text: str, closed: bool = True) -> StepResult:
+        """Act on one policy output. ``closed``: it ended with the stop token (False: cut off by a length limit)."""
+        if self.done:
+            raise RuntimeError("the episode is over; make a new RetrievalEnv")
+        try:
+            if not closed:
+                raise FormatError(FormatReason.TRUNCATED, "the step hit the token limit before its end")
+            parsed = self.renderer.format.parse_step(action_text)
+        except FormatError as error:
+            if self._retries < self.config.format_retries and error.reason is not FormatReason.TRUNCATED:
+                self._retries += 1
+                return StepResult(retry=True)
+            return self._finish(StepRecord(StepKind.FORMAT_ERROR, action_text, format_error=error.reason.value))
+        if parsed.is_final:
+            return self._finish(StepRecord(StepKind.ANSWER, action_text, parsed.analysis, answer=parsed.answer))
+        return await self._retrieve(action_text, parsed, closed)
+
+    async def _retrieve(self, action_text: str, parsed: Step, closed: bool) -> StepResult:
+        hits = await self.search(parsed.query[: self.config.max_query_chars], self.config.topk)
+        kept = self._select([hit.passage for hit in hits])
+        record = StepRecord(
+            StepKind.QUERY,
+            action_text,
+            parsed.analysis,
+            query=parsed.query,
+            doc_ids=[p.id for p in kept],
+            titles=[p.title for p in kept],
+            format_retries=self._take_retries(),
+        )
+        self.steps.append(record)
+        self.documents.append(kept)
+        if self.retrievals >= self.config.max_steps:  # out of steps: the documents are never shown
+            self.done = True
+            return StepResult(done=True, documents=tuple(kept))
+        feedback = self.renderer.observation(kept, self.retrievals, action_closed=closed)
+        return StepResult(feedback=feedback, documents=tuple(kept))
+
+    def _select(self, passages: Sequence[Passage]) -> list[Passage]:
+        config, kept = self.config, []
+        for passage in passages:
+            if config.dedup_docs and passage.id in self._seen:
+                continue
+            if config.docs_per_step and len(kept) >= config.docs_per_step:
+                break
+            if config.max_total_docs and self._shown + len(kept) >= config.max_total_docs:
+                break
+            kept.append(passage)
+            self._seen.add(passage.id)
+        self._shown += len(kept)
+        return kept
+
+    def _take_retries(self) -> int:
+        retries, self._retries = self._retries, 0
+        return retries
+
+    def _finish(self, record: StepRecord) -> StepResult:
+        record.format_retries = self._take_retries()
+        self.steps.append(record)
+        self.done = True
+        return StepResult(done=True)

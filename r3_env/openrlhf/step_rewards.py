@@ -1,0 +1,130 @@
+"""Per-step rewards at each step's last token: the smallest extension of OpenRLHF 0.11's PPO trainer.
+
+OpenRLHF's multi-turn executor sums the step rewards and its experience maker puts that scalar
+at the last action token. r3rag's executor also returns ``step_rewards``, one per entry of
+``action_ranges``. Two subclasses and one function carry them through:
+
+- :class:`StepRewardSamplesGenerator` turns them into a token-level tensor aligned with the
+  action mask (each reward at its step's last token) and keeps it in the experience's ``info``;
+- :class:`StepRewardExperienceMaker` hands that tensor to :func:`compute_reward_with_steps`;
+- :func:`compute_reward_with_steps` replaces OpenRLHF's ``compute_reward`` in the experience
+  maker's module: with step rewards it returns them plus the KL term, and puts at the last
+  token only what OpenRLHF's shaping (group baselines, length penalties, clipping) changed in
+  the episode's total. Without step rewards it is OpenRLHF's function unchanged.
+
+:func:`install` registers all three (idempotent). ``r3_env.openrlhf.train`` runs it in every Ray
+worker through Ray's ``worker_process_setup_hook``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import torch
+
+from r3_env.openrlhf import OPENRLHF_VERSION
+
+logger = logging.getLogger(__name__)
+
+STEP_REWARDS_KEY = "step_rewards"  # the executor's output: one reward per action range
+DENSE_KEY = "r3rag_step_reward_tokens"  # the token-level tensor in Experience.info, until advantages
+_DENSE_ATTR = "r3rag_step_rewards"  # the tensor attached to experience.kl for compute_reward
+_installed = False
+
+
+def dense_step_rewards(
+    step_rewards: Sequence[float], action_ranges: Sequence[tuple[int, int]], action_mask: torch.Tensor
+) -> torch.Tensor:
+    """A float tensor shaped like ``action_mask`` (OpenRLHF's: sequence positions 1..n-1) with each
+    step's reward at the position of its last token.
+
+    A step whose last token was cut off by ``max_len`` gives its reward to the last action token
+    that survived, so the total is never lost.
+    """
+    if len(step_rewards) != len(action_ranges):
+        raise ValueError(f"{len(step_rewards)} step rewards for {len(action_ranges)} action ranges")
+    dense = torch.zeros(action_mask.shape[-1], dtype=torch.float32)
+    kept = torch.nonzero(action_mask.reshape(-1)).flatten()
+    if len(kept) == 0:
+        return dense
+    last_kept = int(kept[-1])
+    for reward, (start, end) in zip(step_rewards, action_ranges, strict=True):
+        position = end - 2  # last token end-1 of the sequence is position end-2 of the action mask
+        if position > last_kept or end <= start:
+            position = last_kept
+        dense[position] += float(reward)
+    return dense
+
+
+def compute_reward_with_steps(r, kl_coef, kl, action_mask=None, reward_clip_range=None):
+    """OpenRLHF's ``compute_reward``, placing per-step rewards when the experience carries them."""
+    from openrlhf.models.utils import compute_reward
+
+    dense = getattr(kl, _DENSE_ATTR, None)
+    if dense is None:
+        return compute_reward(r, kl_coef, kl, action_mask=action_mask, reward_clip_range=reward_clip_range)
+    if reward_clip_range:
+        r = r.clamp(min=reward_clip_range[0], max=reward_clip_range[1])
+    dense = dense.to(device=kl.device, dtype=kl.dtype) * action_mask
+    residual = r.to(kl.dtype) - dense.sum(dim=-1)  # what OpenRLHF's shaping changed in the total
+    return compute_reward(residual, kl_coef, kl, action_mask=action_mask) + dense
+
+
+def _classes():
+    from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
+    from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
+
+    class StepRewardSamplesGenerator(SamplesGenerator):
+        """Keeps the executor's per-step rewards as a token-level tensor in ``experience.info``."""
+
+        def _process_response_into_experience(self, response, **generate_kwargs):
+            experience = super()._process_response_into_experience(response, **generate_kwargs)
+            rewards = response.get(STEP_REWARDS_KEY)
+            if rewards is not None:
+                dense = dense_step_rewards(rewards, response["action_ranges"], experience.action_mask[0])
+                experience.info[DENSE_KEY] = dense.unsqueeze(0)
+            return experience
+
+    class StepRewardExperienceMaker(RemoteExperienceMaker):
+        """Hands each experience's per-step rewards to :func:`compute_reward_with_steps`."""
+
+        def compute_advantages_and_returns(self, experiences):
+            for experience in experiences:
+                dense = experience.info.pop(DENSE_KEY, None)
+                if dense is None:
+                    continue
+                if dense.shape != experience.kl.shape:
+                    raise ValueError(
+                        f"step rewards {tuple(dense.shape)} do not match the action mask {tuple(experience.kl.shape)}"
+                    )
+                setattr(experience.kl, _DENSE_ATTR, dense)
+            return super().compute_advantages_and_returns(experiences)
+
+    return StepRewardSamplesGenerator, StepRewardExperienceMaker
+
+
+def install() -> None:
+    """Register the extension in this process (Ray's ``worker_process_setup_hook`` calls it in every worker)."""
+    global _installed, StepRewardSamplesGenerator, StepRewardExperienceMaker
+    if _installed:
+        return
+    import openrlhf.trainer.ppo_trainer as ppo_trainer
+    import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async
+    import openrlhf.trainer.ppo_utils.experience_maker as experience_maker
+
+    StepRewardSamplesGenerator, StepRewardExperienceMaker = _classes()
+    ppo_trainer.SamplesGenerator = StepRewardSamplesGenerator
+    ppo_trainer.RemoteExperienceMaker = StepRewardExperienceMaker
+    ppo_trainer_async.SamplesGenerator = StepRewardSamplesGenerator
+    experience_maker.compute_reward = compute_reward_with_steps
+    _installed = True
+    logger.info("r3rag: per-step rewards installed in OpenRLHF %s", OPENRLHF_VERSION)
+
+
+def installed() -> bool:
+    return _installed
+
+
+StepRewardSamplesGenerator = None
+StepRewardExperienceMaker = None

@@ -1,0 +1,549 @@
+"""Multi-turn rollouts in token space: generate a step, let the environment answer, repeat; then score.
+
+:func:`run_episode` drives one :class:`r3_env.env.RetrievalEnv` against any engine that honours
+OpenRLHF's contract ``await engine.generate(prompt_token_ids, sampling_params)`` (vLLM's rollout
+actor, or :class:`r3_env.hf_engine.HFEngine` on CPU). It returns what OpenRLHF's executor returns
+(observation tokens, action ranges, rollout log-probs) plus one reward per action, aligned with
+``action_ranges``. Environment tokens are never inside an action range, so they are never trained on.
+
+A :class:`RolloutContext` is shared by every episode in one event loop: its retrieval and judge
+calls go through :class:`r3_env.batching.Coalescer`, so episodes in flight share batched requests.
+When a service fails for good the episode is run again (``services.episode_retries``), then it is
+returned flagged (``service_failure``) with a neutral reward of 0 on every step: the trainer never
+sees the exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from r3_env.answers import answer_matches, clean_answer
+from r3_env.batching import Coalescer
+from r3_env.config import ConfigError, build_config, load_yaml
+from r3_env.data import JsonlWriter, Label, read_label
+from r3_env.env import EnvConfig, RetrievalEnv, StepKind
+from r3_env.protocol import ChatRenderer
+from r3_env.retrieval.base import Hit
+from r3_env.retrieval.client import AsyncRetrievalClient, RetrievalServiceError
+from r3_env.reward_client import AsyncRewardClient, Judgement, RewardServiceError
+from r3_env.rewards import Episode, Outcome, RewardScheme, get_scheme
+
+logger = logging.getLogger(__name__)
+
+SERVICE_ERRORS = (RetrievalServiceError, RewardServiceError)
+CONFIG_ENV = "R3RAG_AGENT_CONFIG"  # YAML file with env:, reward:, services:, policy: sections
+OVERRIDES_ENV = "R3RAG_AGENT_OVERRIDES"  # JSON object of dotted overrides, e.g. {"services.reward_url": "..."}
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """How the policy sees the episode."""
+
+    step_format: str = "r3"
+    chat_template: str = "auto"  # "auto" (the tokenizer's), "plain", or a Jinja template
+    trajectory_log: str = ""  # append one JSON line per episode here ("{pid}" is replaced by the process id)
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """Which reward scheme, and where its rewards land in the token sequence."""
+
+    scheme: str = "r3"
+    options: dict[str, Any] = field(default_factory=dict)  # the scheme's constants
+    placement: Literal["step", "scalar"] = "step"  # each step's reward at its last token, or the sum at the end
+    query_encoder: str = ""  # encoder folder for schemes that compare query embeddings (staged_rc)
+    episodes_per_step: int = 0  # episodes this engine runs per training step (staged schemes' clock)
+
+    def __post_init__(self) -> None:
+        if self.episodes_per_step < 0:
+            raise ValueError(f"episodes_per_step must be 0 or more, got {self.episodes_per_step}")
+
+
+@dataclass(frozen=True)
+class ServicesConfig:
+    """Where the retrieval service and the reward server are, and how hard to try them."""
+
+    retriever_url: str = "http://127.0.0.1:8000"
+    reward_url: str = "http://127.0.0.1:8002"
+    timeout_s: float = 60.0  # per retrieval request
+    judge_timeout_s: float = 300.0  # per judge request (a big judge under load is slow)
+    retries: int = 3  # per request, with exponential backoff
+    backoff_s: float = 0.5
+    episode_retries: int = 1  # run an episode again after a service failure, then flag it
+    batch_wait_ms: float = 5.0  # how long a request waits for others to share its batch
+    max_batch: int = 256
+
+    def __post_init__(self) -> None:
+        if self.timeout_s <= 0 or self.judge_timeout_s <= 0 or self.batch_wait_ms < 0:
+            raise ValueError("timeouts must be positive and batch_wait_ms 0 or more")
+        if self.retries < 0 or self.episode_retries < 0 or self.max_batch < 1:
+            raise ValueError("retries and episode_retries must be 0 or more, max_batch at least 1")
+
+
+SECTIONS: dict[str, type] = {
+    "env": EnvConfig,
+    "reward": RewardConfig,
+    "services": ServicesConfig,
+    "policy": PolicyConfig,
+}
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    env: EnvConfig = field(default_factory=EnvConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    services: ServicesConfig = field(default_factory=ServicesConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], where: str = "rollout config") -> RolloutConfig:
+        unknown = sorted(set(values) - set(SECTIONS))
+        if unknown:
+            raise ConfigError(f"{where}: unknown section {unknown[0]!r}; valid sections: {', '.join(SECTIONS)}")
+        sections = {}
+        for name, section_cls in SECTIONS.items():
+            section = values.get(name) or {}
+            if not isinstance(section, dict):
+                raise ConfigError(f"{where}: '{name}' must be a mapping of {name} settings")
+            sections[name] = build_config(section_cls, file_values=section, where=f"{where} ({name})")
+        return cls(**sections)
+
+    @classmethod
+    def from_environment(cls) -> RolloutConfig:
+        """From ``$R3RAG_AGENT_CONFIG`` (a YAML file) and ``$R3RAG_AGENT_OVERRIDES`` (dotted keys, JSON).
+
+        OpenRLHF builds the agent executor with no arguments inside its rollout actors, so this
+        is how the launch scripts configure it (the launcher forwards both to every Ray worker).
+        """
+        path = os.environ.get(CONFIG_ENV)
+        values = load_yaml(path) if path else {}
+        overrides = os.environ.get(OVERRIDES_ENV)
+        if overrides:
+            try:
+                pairs = json.loads(overrides)
+            except ValueError:
+                raise ConfigError(f"${OVERRIDES_ENV} must be a JSON object of dotted keys, got {overrides!r}") from None
+            if not isinstance(pairs, dict):
+                raise ConfigError(f"${OVERRIDES_ENV} must be a JSON object of dotted keys, got {overrides!r}")
+            for key, value in pairs.items():
+                section, _, name = key.partition(".")
+                if not name:
+                    raise ConfigError(f"${OVERRIDES_ENV}: {key!r} is not a dotted key like 'services.reward_url'")
+                values.setdefault(section, {})
+                if not isinstance(values[section], dict):
+                    raise ConfigError(f"${OVERRIDES_ENV}: section {section!r} is not a mapping")
+                values[section][name] = value
+        return cls.from_dict(values, where=path or f"${OVERRIDES_ENV}")
+
+
+@dataclass
+class RolloutStats:
+    """Counters for logs and the benchmark: where an episode's time goes."""
+
+    episodes: int = 0
+    generation_s: float = 0.0  # awaiting the engine
+    environment_s: float = 0.0  # parsing, retrieval, rendering, tokenizing feedback, scoring
+    wall_s: float = 0.0  # sum of episode wall times
+    service_failures: int = 0
+
+    @property
+    def environment_share(self) -> float:
+        return self.environment_s / self.wall_s if self.wall_s else 0.0
+
+
+@dataclass
+class RolloutResult:
+    """One episode in OpenRLHF's executor shape plus the per-step rewards and the record."""
+
+    prompt: str
+    observation_tokens: list[int]
+    action_ranges: list[tuple[int, int]]
+    rollout_log_probs: list[float] | None
+    truncated: bool
+    step_rewards: list[float]
+    score: float
+    outcome: str
+    record: dict[str, Any]
+    extra_logs: dict[str, float]
+
+    @property
+    def reward(self) -> float:
+        return float(sum(self.step_rewards))
+
+
+class RolloutContext:
+    """What every episode of one process shares: renderer, clients, batchers, the scheme and stats.
+
+    Make it inside the event loop that runs the episodes (its batchers belong to that loop).
+    ``search`` and ``judge`` may be given directly (an in-process retriever, tests); by default
+    they are the HTTP clients of ``config.services``.
+    """
+
+    def __init__(
+        self,
+        config: RolloutConfig,
+        tokenizer: Any,
+        search: Any | None = None,
+        judge: AsyncRewardClient | None = None,
+    ) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.renderer = ChatRenderer(
+            tokenizer, config.policy.step_format, config.policy.chat_template, doc_chars=config.env.doc_chars
+        )
+        self.scheme: RewardScheme = get_scheme(config.reward.scheme, **config.reward.options)
+        services = config.services
+        wait = services.batch_wait_ms / 1000
+        self._retriever = search or AsyncRetrievalClient(
+            services.retriever_url, timeout=services.timeout_s, retries=services.retries, backoff=services.backoff_s
+        )
+        self._judge = judge
+        needs_judge = self.scheme.needs_relevance or self.scheme.needs_correctness
+        if self._judge is None and needs_judge:
+            self._judge = AsyncRewardClient(
+                services.reward_url,
+                timeout=services.judge_timeout_s,
+                retries=services.retries,
+                backoff=services.backoff_s,
+            )
+        topk = config.env.topk
+        self.search_batcher: Coalescer[str, list[Hit]] = Coalescer(
+            lambda queries: self._retriever.search(queries, topk), services.max_batch, wait, "retrieval"
+        )
+        judge_ = self._judge
+        self.relevance_batcher: Coalescer[dict, Judgement] = Coalescer(
+            lambda items: judge_.relevance(items), services.max_batch, wait, "relevance"
+        )
+        self.correctness_batcher: Coalescer[dict, Judgement] = Coalescer(
+            lambda items: judge_.correctness(items), services.max_batch, wait, "correctness"
+        )
+        self.encoder = None
+        if self.scheme.needs_query_similarity:
+            if not config.reward.query_encoder:
+                raise ConfigError(
+                    f"reward scheme {self.scheme.name!r} compares query embeddings: set reward.query_encoder "
+                    "to an encoder folder (e5-base-v2, ...) or turn the scheme's diversity option off"
+                )
+            from r3_env.retrieval.encoder import Encoder
+
+            self.encoder = Encoder(config.reward.query_encoder)
+        if self.scheme.needs_training_step and not config.reward.episodes_per_step:
+            raise ConfigError(
+                f"reward scheme {self.scheme.name!r} changes with the training step: set reward.episodes_per_step "
+                "(rollout batch x samples per prompt / number of vLLM engines)"
+            )
+        self.stats = RolloutStats()
+        self._log: JsonlWriter | None = None
+        if config.policy.trajectory_log:
+            path = Path(config.policy.trajectory_log.replace("{pid}", str(os.getpid())))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = JsonlWriter(path)
+
+    async def search(self, query: str, k: int) -> list[Hit]:
+        return await self.search_batcher.submit(query)
+
+    @property
+    def training_step(self) -> int:
+        per_step = self.config.reward.episodes_per_step
+        return self.stats.episodes // per_step if per_step else 0
+
+    def log(self, record: dict[str, Any]) -> None:
+        if self._log is not None:
+            self._log.write(record)
+
+    async def aclose(self) -> None:
+        for client in (self._retriever, self._judge):
+            close = getattr(client, "aclose", None)
+            if close is not None:
+                await close()
+        if self._log is not None:
+            self._log.close()
+
+
+def _stop_params(sampling_params: Any, stop_ids: Sequence[int], max_tokens: int) -> Any:
+    """A copy of the engine's sampling params that stops at the end of a step and within budget."""
+    params = copy.deepcopy(sampling_params)
+    params.max_tokens = max_tokens
+    merged = list(dict.fromkeys([*(getattr(params, "stop_token_ids", None) or []), *stop_ids]))
+    params.stop_token_ids = merged
+    if hasattr(params, "_all_stop_token_ids"):  # vLLM caches the set at construction
+        params._all_stop_token_ids.update(merged)
+    return params
+
+
+class _Trajectory:
+    """Token-space state of one attempt; survives a service failure so the attempt can be returned flagged."""
+
+    def __init__(self, prompt_tokens: list[int], want_logprobs: bool) -> None:
+        self.tokens = list(prompt_tokens)
+        self.action_ranges: list[tuple[int, int]] = []
+        self.logprobs: list[float] | None = [0.0] * len(prompt_tokens) if want_logprobs else None
+        self.truncated = False
+
+    def add_action(self, tokens: Sequence[int], logprobs: Sequence[float] | None) -> None:
+        start = len(self.tokens)
+        self.tokens.extend(tokens)
+        self.action_ranges.append((start, len(self.tokens)))
+        if self.logprobs is not None:
+            self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(tokens))
+
+    def add_feedback(self, tokens: Sequence[int]) -> None:
+        self.tokens.extend(tokens)
+        if self.logprobs is not None:
+            self.logprobs.extend([0.0] * len(tokens))
+
+
+def _action_logprobs(output: Any, tokens: Sequence[int]) -> list[float] | None:
+    logprobs = getattr(output, "logprobs", None)
+    if logprobs is None:
+        return None
+    values = []
+    for token, entry in zip(tokens, logprobs, strict=False):
+        item = entry.get(token) if isinstance(entry, dict) else None
+        values.append(float(getattr(item, "logprob", item)) if item is not None else 0.0)
+    return values + [0.0] * (len(tokens) - len(values))
+
+
+async def _generate_and_act(
+    ctx: RolloutContext,
+    env: RetrievalEnv,
+    traj: _Trajectory,
+    engine: Any,
+    sampling_params: Any,
+    max_length: int,
+    timing: dict[str, float],
+) -> None:
+    tokenizer, stop_ids = ctx.tokenizer, ctx.renderer.stop_token_ids
+    attempts = 0
+    while not env.done:
+        budget = min(ctx.config.env.max_step_tokens, max_length - len(traj.tokens))
+        if budget <= 0:  # out of context: the episode ends without an answer
+            env.done = True
+            timing["out_of_context"] = 1.0
+            break
+        started = time.perf_counter()
+        output = (await engine.generate(traj.tokens, _stop_params(sampling_params, stop_ids, budget))).outputs[0]
+        timing["generation"] += time.perf_counter() - started
+        attempts += 1
+        action_tokens = list(output.token_ids)
+        closed = bool(action_tokens) and action_tokens[-1] in stop_ids
+        traj.truncated = output.finish_reason == "length"
+        text = tokenizer.decode(action_tokens[:-1] if closed else action_tokens, skip_special_tokens=False)
+        try:
+            result = await env.step(text, closed=closed)
+        except SERVICE_ERRORS:  # keep the action: a flagged episode still returns what was generated
+            traj.add_action(action_tokens, _action_logprobs(output, action_tokens))
+            raise
+        if result.retry:
+            continue  # regenerate the step from the same context; the bad attempt is dropped
+        traj.add_action(action_tokens, _action_logprobs(output, action_tokens))
+        if result.feedback:
+            traj.add_feedback(tokenizer(result.feedback, add_special_tokens=False)["input_ids"])
+    timing["attempts"] = float(attempts)
+
+
+async def _judge_relevance(ctx: RolloutContext, env: RetrievalEnv) -> None:
+    queries = [(i, s) for i, s in enumerate(env.steps) if s.kind is StepKind.QUERY]
+    items = [
+        {
+            "question": env.question,
+            "analysis": step.analysis,
+            "query": step.query,
+            "documents": [p.contents for p in env.documents[n]],
+        }
+        for n, (_, step) in enumerate(queries)
+    ]
+    judged = await ctx.relevance_batcher.submit_many(items)
+    for (_, step), judgement in zip(queries, judged, strict=True):
+        step.relevance = min(1.0, max(0.0, judgement.score))
+        step.relevance_fallback = judgement.fallback
+
+
+async def _correctness(ctx: RolloutContext, env: RetrievalEnv, label: Label) -> Judgement:
+    prediction = clean_answer(env.answer or "")
+    if not prediction:
+        return Judgement(0.0, method="empty")
+    if answer_matches(prediction, label.golden_answers):
+        return Judgement(1.0, method="match")
+    item = {"question": env.question, "prediction": prediction, "golden_answers": label.golden_answers}
+    return await ctx.correctness_batcher.submit(item)
+
+
+def _mean_pairwise_cosine(ctx: RolloutContext, queries: list[str]) -> float:
+    import numpy as np
+
+    vectors = ctx.encoder.encode(queries)
+    vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    sims = vectors @ vectors.T
+    n = len(queries)
+    return float((sims.sum() - np.trace(sims)) / (n * (n - 1)))
+
+
+async def _score(ctx: RolloutContext, env: RetrievalEnv, label: Label) -> tuple[Outcome, list[float], dict]:
+    scheme = ctx.scheme
+    if env.format_error is not None:
+        outcome = Outcome.FORMAT_ERROR
+    elif env.answer is None:
+        outcome = Outcome.NO_ANSWER
+    else:
+        outcome = Outcome.WRONG  # decided below when the scheme needs correctness
+    verdict = None
+    relevance_task = (
+        asyncio.ensure_future(_judge_relevance(ctx, env)) if scheme.needs_relevance and env.retrievals else None
+    )
+    if outcome is Outcome.WRONG and scheme.needs_correctness:
+        verdict = await _correctness(ctx, env, label)
+        outcome = Outcome.CORRECT if verdict.score >= 0.5 else Outcome.WRONG
+    if relevance_task is not None:
+        await relevance_task
+    queries = [s for s in env.steps if s.kind is StepKind.QUERY]
+    gold, seen = set(label.gold_ids), set()
+    for step in queries:
+        fresh = {i for i in step.doc_ids if i in gold} - seen
+        step.new_gold = len(fresh)
+        seen |= fresh
+    similarity = None
+    if scheme.needs_query_similarity and len(queries) > 1:
+        similarity = await asyncio.to_thread(_mean_pairwise_cosine, ctx, [s.query for s in queries])
+    episode = Episode(
+        outcome,
+        [s.relevance or 0.0 for s in queries],
+        new_gold=[s.new_gold for s in queries] if scheme.needs_gold else (),
+        gold_total=len(gold),
+        queries=[s.query for s in queries],
+        query_similarity=similarity,
+        training_step=ctx.training_step,
+    )
+    info = {
+        "verdict": verdict.method if verdict else None,
+        "judge_fallbacks": sum(s.relevance_fallback for s in queries) + bool(verdict and verdict.fallback),
+        "gold_found": len(seen),
+    }
+    return outcome, scheme.step_rewards(episode), info
+
+
+def _label_problem(ctx: RolloutContext, label: Label) -> str | None:
+    if ctx.scheme.needs_correctness and not label.golden_answers:
+        return "its label names no golden answers"
+    if ctx.scheme.needs_gold and not label.gold_ids:
+        return "its label names no gold passage ids (gold_ids or metadata.supporting_passage_ids)"
+    return None
+
+
+def question_of(ctx: RolloutContext, prompt: str, label: Label) -> str:
+    """The question: from the label, else from a prompt the renderer made, else the prompt itself."""
+    return label.question or ctx.renderer.question_of(prompt) or prompt.strip()
+
+
+async def run_episode(
+    ctx: RolloutContext,
+    engine: Any,
+    prompt: str,
+    label: Any,
+    sampling_params: Any,
+    max_length: int,
+) -> RolloutResult:
+    """One scored episode. ``prompt`` is the dataset's input (the question); ``label`` its answers (any
+    shape :func:`r3_env.data.read_label` reads)."""
+    parsed_label = read_label(label)
+    question = question_of(ctx, prompt, parsed_label)
+    started = time.perf_counter()
+    timing = {"generation": 0.0}
+    failure = None
+    for attempt in range(ctx.config.services.episode_retries + 1):
+        env = RetrievalEnv(ctx.config.env, ctx.renderer, ctx.search, question)
+        prompt_text = env.reset()
+        prompt_tokens = ctx.tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
+        room = max_length - min(ctx.config.env.max_step_tokens, max_length // 2)
+        if len(prompt_tokens) > room:
+            logger.warning("prompt of %d tokens cut to %d to leave room for a step", len(prompt_tokens), room)
+            prompt_tokens = prompt_tokens[-room:]
+        traj = _Trajectory(prompt_tokens, getattr(sampling_params, "logprobs", None) is not None)
+        timing = {"generation": 0.0}
+        try:
+            await _generate_and_act(ctx, env, traj, engine, sampling_params, max_length, timing)
+            problem = _label_problem(ctx, parsed_label)
+            if problem is None:
+                outcome, step_rewards, info = await _score(ctx, env, parsed_label)
+            failure = None
+            break
+        except SERVICE_ERRORS as error:
+            failure = error
+            logger.warning("episode attempt %d failed: %s", attempt + 1, error)
+    if failure is not None:
+        ctx.stats.service_failures += 1
+        logger.error("episode flagged with a neutral reward after %d attempts: %s", attempt + 1, failure)
+        outcome_name, step_rewards, info = "service_failure", [0.0] * len(traj.action_ranges), {}
+    elif problem is not None:
+        logger.error("episode gets a neutral reward: %s (label %r)", problem, str(label)[:120])
+        outcome_name, step_rewards, info = "label_problem", [0.0] * len(traj.action_ranges), {}
+    else:
+        outcome_name = outcome.value
+    if len(step_rewards) != len(traj.action_ranges):
+        raise AssertionError(f"{len(step_rewards)} step rewards for {len(traj.action_ranges)} actions")
+    wall = time.perf_counter() - started
+    stats = ctx.stats
+    stats.episodes += 1
+    stats.wall_s += wall
+    stats.generation_s += timing["generation"]
+    stats.environment_s += wall - timing["generation"]
+    score = _score_value(ctx, outcome_name, info, parsed_label)
+    steps = [s.to_json() for s in env.steps]
+    record = {
+        "question": question,
+        "golden_answers": parsed_label.golden_answers,
+        "steps": steps,
+        "answer": env.answer,
+        "outcome": outcome_name,
+        "verdict": info.get("verdict"),
+        "step_rewards": step_rewards,
+        "num_docs": env.num_docs,
+    }
+    ctx.log(record)
+    return RolloutResult(
+        prompt=prompt,
+        observation_tokens=traj.tokens,
+        action_ranges=traj.action_ranges,
+        rollout_log_probs=traj.logprobs,
+        truncated=traj.truncated,
+        step_rewards=step_rewards,
+        score=score,
+        outcome=outcome_name,
+        record=record,
+        extra_logs=_extra_logs(outcome_name, env, info, timing, wall),
+    )
+
+
+def _score_value(ctx: RolloutContext, outcome: str, info: dict, label: Label) -> float:
+    """OpenRLHF's per-sample score (dynamic filtering reads it): accuracy, or full gold recall for gold_hit."""
+    if ctx.scheme.needs_correctness:
+        return float(outcome == Outcome.CORRECT.value)
+    return float(bool(label.gold_ids) and info.get("gold_found", 0) == len(set(label.gold_ids)))
+
+
+def _extra_logs(outcome: str, env: RetrievalEnv, info: dict, timing: dict, wall: float) -> dict[str, float]:
+    queries = [s for s in env.steps if s.kind is StepKind.QUERY]
+    judged = [s.relevance for s in queries if s.relevance is not None]
+    logs = {f"outcome_{o.value}": float(outcome == o.value) for o in Outcome}
+    logs.update(
+        service_failure=float(outcome == "service_failure"),
+        label_problem=float(outcome == "label_problem"),
+        num_steps=float(len(env.steps)),
+        retrievals=float(len(queries)),
+        num_docs=float(env.num_docs),
+        relevance_mean=sum(judged) / len(judged) if judged else 0.0,
+        judge_fallbacks=float(info.get("judge_fallbacks", 0)),
+        format_retries=float(sum(s.format_retries for s in env.steps)),
+        out_of_context=timing.get("out_of_context", 0.0),
+        environment_share=(wall - timing["generation"]) / wall if wall > 0 else 0.0,
+    )
+    return logs

@@ -1,0 +1,3 @@
+"""Test stand-in: vllm.inputs.TokensPrompt."""
+
+TokensPrompt = dict

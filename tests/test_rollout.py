@@ -1,0 +1,366 @@
+"""The episode, the rollout loop and the OpenRLHF agent, against real services on real ports.
+
+The engine is :class:`r3_env.hf_engine.HFEngine` over a tiny random Qwen2: it honours OpenRLHF's
+``llm_engine.generate(token_ids, sampling_params)`` contract. Scripted trajectories force its
+token choices (constrained decoding; every forward pass is real) so each outcome type is known.
+The retrieval service serves a BM25 index of a synthetic world; the reward server uses the
+lexical judge (no model), whose scores the tests read back from ``/relevance`` itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+import yaml
+from conftest import CHATML_TEMPLATE, ServiceProcess, make_tokenizer, save_tiny_causal_lm
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from r3_env.data import Passage
+from r3_env.env import EnvConfig, RetrievalEnv, StepKind
+from r3_env.hf_engine import HFEngine, SamplingParams
+from r3_env.protocol import ChatRenderer
+from r3_env.retrieval.base import Hit
+from r3_env.retrieval.index_builder import IndexBuildConfig, build_index
+from r3_env.rollout import RewardConfig, RolloutConfig, RolloutContext, ServicesConfig, run_episode
+from r3_env.world.build import WorldConfig, generate_world
+
+# -- fixtures: a world, its BM25 service, the reward server, a tiny policy ----------------------------
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("rollout")
+    generate_world(WorldConfig(entities=200, seed=3, bm25_check=0), root / "world")
+    rows = [json.loads(line) for line in (root / "world" / "dev.jsonl").read_text().splitlines()]
+    two_hop = [r for r in rows if r["metadata"]["hops"] == 2][:8]
+    index = build_index(IndexBuildConfig(corpus_path=str(root / "world" / "corpus.jsonl"), save_dir=str(root / "idx")))
+    return {"root": root, "rows": two_hop, "index": index}
+
+
+@pytest.fixture(scope="module")
+def retriever(world):
+    path = world["root"] / "retriever.yaml"
+    path.write_text(yaml.safe_dump({"retrieval_method": "bm25", "index_path": str(world["index"])}))
+    with ServiceProcess(["retriever", "serve", "--config", str(path)]) as service:
+        yield service
+
+
+@pytest.fixture(scope="module")
+def reward(world):
+    path = world["root"] / "reward.yaml"
+    path.write_text(yaml.safe_dump({"judge": {"backend": "lexical"}}))
+    with ServiceProcess(["reward", "serve", "--config", str(path)]) as service:
+        yield service
+
+
+@pytest.fixture(scope="module")
+def tokenizer(bpe_backend):
+    return make_tokenizer(bpe_backend, CHATML_TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer, tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    folder = save_tiny_causal_lm(tmp_path_factory.mktemp("policy"), tokenizer)
+    return AutoModelForCausalLM.from_pretrained(folder)
+
+
+class Script:
+    """Forces the policy's steps: plans[question] is the list of step texts, one per turn."""
+
+    def __init__(self, tokenizer, renderer: ChatRenderer) -> None:
+        self.tokenizer, self.renderer, self.plans = tokenizer, renderer, {}
+        self.attempts: dict[tuple[str, int], int] = {}
+
+    def __call__(self, prompt_ids):
+        text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        question = next((q for q in self.plans if q in text), None)
+        if question is None:
+            return None
+        plan = self.plans[question]
+        turn = text.count("Retrieved documents for step")
+        step = plan[min(turn, len(plan) - 1)]
+        if isinstance(step, list):  # several attempts at this turn (format regeneration)
+            attempt = self.attempts.get((question, turn), 0)
+            self.attempts[(question, turn)] = attempt + 1
+            step = step[min(attempt, len(step) - 1)]
+        return self.tokenizer(step, add_special_tokens=False)["input_ids"]
+
+
+def query_step(analysis: str, query: str) -> str:
+    return f"The problem analysis: {analysis}\nThe retrieval query: {query}"
+
+
+def answer_step(analysis: str, answer: str) -> str:
+    return f"The problem analysis: {analysis}\nThe final answer: {answer}"
+
+
+def hops(row) -> list[str]:
+    return [d["question"] for d in row["metadata"]["question_decomposition"]]
+
+
+def config(retriever, judge, **sections) -> RolloutConfig:
+    values = {"services": {"retriever_url": retriever.url, "reward_url": judge.url, "backoff_s": 0.05}}
+    for name, section in sections.items():
+        values.setdefault(name, {}).update(section)
+    return RolloutConfig.from_dict(values)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def relevance_of(reward, question: str, analysis: str, query: str, documents: list[str]) -> float:
+    async with httpx.AsyncClient() as client:
+        body = {"items": [{"question": question, "analysis": analysis, "query": query, "documents": documents}]}
+        response = await client.post(reward.url + "/relevance", json=body)
+        return response.json()["results"][0]["score"]
+
+
+# -- the episode on its own ----------------------------------------------------------------------------
+
+
+class FixedSearch:
+    """An in-process search: the same five passages for any query (the episode's bookkeeping is under test)."""
+
+    def __init__(self) -> None:
+        self.passages = [Passage(str(i), f"Title {i}\nText {i}.") for i in range(5)]
+        self.queries: list[str] = []
+
+    async def __call__(self, query: str, k: int) -> list[Hit]:
+        self.queries.append(query)
+        return [Hit(p, 1.0) for p in self.passages[:k]]
+
+
+def test_env_keeps_new_documents_per_step_and_caps_the_total_as_the_official_code(tokenizer):
+    renderer = ChatRenderer(tokenizer)
+    search = FixedSearch()
+    env = RetrievalEnv(EnvConfig(dedup_docs=True, docs_per_step=2, max_total_docs=5), renderer, search, "Q?")
+    assert env.reset() == renderer.prompt("Q?")
+    shown = []
+    for _ in range(3):
+        result = run(env.step(query_step("a", "q")))
+        shown.append([p.id for p in result.documents])
+        assert "Retrieved documents for step" in result.feedback
+    assert shown == [["0", "1"], ["2", "3"], ["4"]]
+    assert env.num_docs == 5
+    result = run(env.step(answer_step("done", "X")))
+    assert result.done and env.answer == "X" and env.retrievals == 3
+
+
+def test_env_ends_without_answer_at_max_steps_and_never_shows_the_last_documents(tokenizer):
+    env = RetrievalEnv(EnvConfig(max_steps=2), ChatRenderer(tokenizer), FixedSearch(), "Q?")
+    assert not run(env.step(query_step("a", "q1"))).done
+    last = run(env.step(query_step("b", "q2")))
+    assert last.done and last.feedback == "" and env.answer is None and env.format_error is None
+    with pytest.raises(RuntimeError, match="episode is over"):
+        run(env.step(answer_step("c", "X")))
+
+
+def test_env_regenerates_a_malformed_step_up_to_format_retries_then_fails(tokenizer):
+    env = RetrievalEnv(EnvConfig(format_retries=2), ChatRenderer(tokenizer), FixedSearch(), "Q?")
+    assert run(env.step("garbage")).retry
+    assert run(env.step("more garbage")).retry
+    final = run(env.step("still garbage"))
+    assert final.done and env.format_error == "missing_analysis"
+    assert env.steps[-1].format_retries == 2
+    truncated = RetrievalEnv(EnvConfig(format_retries=2), ChatRenderer(tokenizer), FixedSearch(), "Q?")
+    assert run(truncated.step(query_step("a", "q"), closed=False)).done  # a cut-off step is not regenerated
+    assert truncated.format_error == "truncated"
+
+
+def test_env_cuts_huge_queries_before_retrieval(tokenizer):
+    search = FixedSearch()
+    env = RetrievalEnv(EnvConfig(max_query_chars=50), ChatRenderer(tokenizer), search, "Q?")
+    run(env.step(query_step("a", "x" * 5000)))
+    assert search.queries == ["x" * 50]
+    assert env.steps[0].query == "x" * 5000  # the record keeps what the policy wrote
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(max_size=400), closed=st.booleans())
+def test_fuzz_any_model_output_is_a_step_result_never_an_exception(tokenizer, text, closed):
+    env = RetrievalEnv(EnvConfig(format_retries=1), ChatRenderer(tokenizer), FixedSearch(), "Q?")
+    result = run(env.step(text, closed=closed))
+    assert result.retry or result.done or result.feedback
+    if result.done and env.steps:
+        assert env.steps[-1].kind in (StepKind.ANSWER, StepKind.FORMAT_ERROR, StepKind.QUERY)
+
+
+# -- scripted rollouts through the real services -------------------------------------------------------
+
+
+def scripted_engine(model, tokenizer, context: RolloutContext) -> tuple[HFEngine, Script]:
+    script = Script(tokenizer, context.renderer)
+    return HFEngine(model, tokenizer, max_batch=16, script=script), script
+
+
+def test_every_outcome_type_gets_the_r3_rewards_at_the_right_tokens(world, retriever, reward, tokenizer, model):
+    rows = world["rows"]
+
+    async def main():
+        ctx = RolloutContext(config(retriever, reward), tokenizer)
+        engine, script = scripted_engine(model, tokenizer, ctx)
+        first, second = hops(rows[0])
+        gold = rows[0]["golden_answers"][0]
+        script.plans = {
+            rows[0]["question"]: [
+                query_step("first hop", first),
+                query_step("second", second),
+                answer_step("ok", gold),
+            ],
+            rows[1]["question"]: [query_step("look", hops(rows[1])[0]), answer_step("guess", "Nobody Atall")],
+            rows[2]["question"]: [query_step("loop", hops(rows[2])[0])],  # never answers
+            rows[3]["question"]: [query_step("look", hops(rows[3])[0]), "I refuse to use the format."],
+        }
+        params = SamplingParams(temperature=1.0, max_tokens=None)
+        results = await asyncio.gather(
+            *(run_episode(ctx, engine, r["question"], json.dumps(r), params, 4096) for r in rows[:4])
+        )
+        await ctx.aclose()
+        return ctx, results
+
+    ctx, results = run(main())
+    correct, wrong, no_answer, format_error = results
+    assert [r.outcome for r in results] == ["correct", "wrong", "no_answer", "format_error"]
+    assert len(correct.action_ranges) == 3 and len(no_answer.action_ranges) == 5
+    for result in results:
+        assert len(result.step_rewards) == len(result.action_ranges)
+        tokens = result.observation_tokens
+        for (start, end), (next_start, _) in zip(result.action_ranges, result.action_ranges[1:], strict=False):
+            feedback = tokenizer.decode(tokens[end:next_start])
+            assert "Retrieved documents for step" in feedback  # environment tokens lie between actions
+        for start, end in result.action_ranges:
+            action = tokenizer.decode(tokens[start:end])
+            assert "Retrieved documents" not in action and action.endswith("<|im_end|>")
+    # the r3 constants, with relevance from the reward server's own /relevance
+    question = rows[0]["question"]
+    steps = correct.record["steps"]
+    for step, reward_value in zip(steps[:2], correct.step_rewards[:2], strict=True):
+        assert len(step["doc_ids"]) == 5
+        assert reward_value == pytest.approx(step["relevance"] * 1.6)
+    hits = httpx.post(
+        retriever.url + "/retrieve", json={"queries": [hops(rows[0])[0]], "topk": 5, "return_scores": True}
+    ).json()
+    texts = [hit["document"]["contents"] for hit in hits["result"][0]]
+    expected = run(relevance_of(reward, question, "first hop", hops(rows[0])[0], texts))
+    assert steps[0]["relevance"] == pytest.approx(expected)
+    assert correct.step_rewards[2] == 2.0 and correct.score == 1.0
+    assert wrong.step_rewards[0] == pytest.approx(wrong.record["steps"][0]["relevance"] * 0.8)
+    assert wrong.step_rewards[1] == 0.0 and wrong.score == 0.0
+    assert no_answer.step_rewards == pytest.approx([s["relevance"] * 0.9 for s in no_answer.record["steps"]])
+    assert format_error.step_rewards[0] == pytest.approx(format_error.record["steps"][0]["relevance"])
+    assert format_error.step_rewards[1] == pytest.approx(-0.9)
+    assert format_error.record["steps"][1]["format_error"] == "missing_analysis"
+    # episodes in flight shared batched retrieval calls
+    assert ctx.search_batcher.mean_batch > 1.0
+    assert ctx.stats.episodes == 4 and 0.0 < ctx.stats.environment_share < 1.0
+
+
+def test_outcome_and_gold_hit_schemes_and_format_regeneration(world, retriever, reward, tokenizer, model):
+    row = world["rows"][4]
+    first, second = hops(row)
+
+    async def main(scheme: str, plan: list):
+        ctx = RolloutContext(config(retriever, reward, reward={"scheme": scheme}, env={"format_retries": 3}), tokenizer)
+        engine, script = scripted_engine(model, tokenizer, ctx)
+        script.plans = {row["question"]: plan}
+        result = await run_episode(ctx, engine, row["question"], json.dumps(row), SamplingParams(), 4096)
+        await ctx.aclose()
+        return result
+
+    plan = [query_step("a", first), ["no format", query_step("b", second)], answer_step("c", row["golden_answers"][0])]
+    outcome = run(main("outcome", plan))
+    assert outcome.step_rewards == [0.0, 0.0, 2.0]
+    assert outcome.record["steps"][1]["format_retries"] == 1 and outcome.extra_logs["format_retries"] == 1.0
+    gold = run(main("gold_hit", plan))
+    found = [s["new_gold"] for s in gold.record["steps"][:2]]
+    assert gold.step_rewards[:2] == pytest.approx([0.2 * n for n in found])
+    complete = sum(found) == len(row["metadata"]["supporting_passage_ids"])
+    assert gold.step_rewards[2] == (0.3 if complete else 0.0)
+    early = run(main("gold_hit", [answer_step("no need", "yes")]))
+    assert early.step_rewards == [0.0] and early.score == 0.0
+
+
+def test_a_dead_service_gives_a_flagged_neutral_episode_not_an_exception(world, reward, tokenizer, model):
+    from conftest import free_port
+
+    row = world["rows"][5]
+
+    async def main():
+        dead = f"http://127.0.0.1:{free_port()}"
+        values = {"services": {"retriever_url": dead, "reward_url": reward.url, "retries": 1, "backoff_s": 0.01}}
+        ctx = RolloutContext(RolloutConfig.from_dict(values), tokenizer)
+        engine, script = scripted_engine(model, tokenizer, ctx)
+        script.plans = {row["question"]: [query_step("a", hops(row)[0])]}
+        result = await run_episode(ctx, engine, row["question"], json.dumps(row), SamplingParams(), 4096)
+        await ctx.aclose()
+        return ctx, result
+
+    ctx, result = run(main())
+    assert result.outcome == "service_failure" and result.extra_logs["service_failure"] == 1.0
+    assert result.step_rewards == [0.0] and len(result.action_ranges) == 1
+    assert ctx.stats.service_failures == 1
+
+
+def test_a_label_without_answers_is_flagged_neutral(world, retriever, reward, tokenizer, model):
+    async def main():
+        ctx = RolloutContext(config(retriever, reward), tokenizer)
+        engine, script = scripted_engine(model, tokenizer, ctx)
+        script.plans = {"Who?": [answer_step("a", "Ann")]}
+        result = await run_episode(ctx, engine, "Who?", "[]", SamplingParams(), 4096)
+        await ctx.aclose()
+        return result
+
+    result = run(main())
+    assert result.outcome == "label_problem" and result.step_rewards == [0.0]
+
+
+def test_out_of_context_ends_the_episode_without_answer(world, retriever, reward, tokenizer, model):
+    row = world["rows"][6]
+
+    async def main():
+        ctx = RolloutContext(config(retriever, reward, env={"max_step_tokens": 64}), tokenizer)
+        engine, script = scripted_engine(model, tokenizer, ctx)
+        script.plans = {row["question"]: [query_step("a", hops(row)[0])]}
+        prompt_length = len(tokenizer(ctx.renderer.prompt(row["question"]))["input_ids"])
+        result = await run_episode(ctx, engine, row["question"], json.dumps(row), SamplingParams(), prompt_length + 200)
+        await ctx.aclose()
+        return result
+
+    result = run(main())
+    assert result.outcome == "no_answer" and result.extra_logs["out_of_context"] == 1.0
+    assert len(result.step_rewards) == len(result.action_ranges) >= 1
+
+
+def test_rollout_config_reads_the_agent_environment_variables(tmp_path, monkeypatch):
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump({"env": {"max_steps": 3}, "reward": {"scheme": "outcome"}}))
+    monkeypatch.setenv("R3RAG_AGENT_CONFIG", str(path))
+    monkeypatch.setenv("R3RAG_AGENT_OVERRIDES", json.dumps({"services.reward_url": "http://judge:9", "env.topk": 3}))
+    loaded = RolloutConfig.from_environment()
+    assert (loaded.env.max_steps, loaded.env.topk, loaded.reward.scheme) == (3, 3, "outcome")
+    assert loaded.services.reward_url == "http://judge:9"
+    monkeypatch.setenv("R3RAG_AGENT_OVERRIDES", json.dumps({"env.max_stepz": 3}))
+    with pytest.raises(ValueError, match="unknown key 'max_stepz'"):
+        RolloutConfig.from_environment()
+    monkeypatch.setenv("R3RAG_AGENT_OVERRIDES", "max_steps=3")
+    with pytest.raises(ValueError, match="JSON object of dotted keys"):
+        RolloutConfig.from_environment()
+
+
+def test_staged_rc_needs_its_clock_and_encoder_configured(tokenizer):
+    with pytest.raises(ValueError, match="query_encoder"):
+        RolloutContext(RolloutConfig(reward=RewardConfig(scheme="staged_rc")), tokenizer, search=FixedSearch())
+    with pytest.raises(ValueError, match="episodes_per_step"):
+        RolloutContext(
+            RolloutConfig(reward=RewardConfig(scheme="staged_rc", options={"diversity": False})),
+            tokenizer,
+            search=FixedSearch(),
+        )
+    assert ServicesConfig().episode_retries == 1
