@@ -104,6 +104,10 @@ def _training_text() -> list[str]:
 
 @pytest.fixture(scope="session")
 def bpe_backend():
+    return train_bpe()
+
+
+def train_bpe():
     """A byte-level BPE (GPT-2 pre-tokenisation) trained on world text: the tiny models' tokenizer kind."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -254,19 +258,24 @@ def minilm_path() -> str:
     return str(Path(spec.origin).parent / "model")
 
 
-def save_tiny_causal_lm(folder: Path, tokenizer, seed: int = 0) -> Path:
-    """A random-weight 2-layer Qwen2 with ``tokenizer``, saved as an HF folder (seconds on CPU)."""
+def save_tiny_causal_lm(
+    folder: Path, tokenizer, seed: int = 0, heads: int = 4, head_dim: int = 16, kv_heads: int = 2
+) -> Path:
+    """A random-weight 2-layer Qwen2 with ``tokenizer``, saved as an HF folder (seconds on CPU).
+
+    vLLM's CPU build runs head size 64 only: ``heads=2, head_dim=64, kv_heads=1`` for it.
+    """
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
     config = Qwen2Config(
         vocab_size=len(tokenizer),
-        hidden_size=64,
+        hidden_size=heads * head_dim,
         intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=4096,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
@@ -306,3 +315,40 @@ class InThreadServer:
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=30)
+
+
+# -- scripted policies ----------------------------------------------------------------------------------
+
+
+class Script:
+    """Steps for HFEngine's constrained decoding: ``plans[question]`` lists the step texts, one per turn.
+
+    A turn given as a list holds successive attempts (for format regeneration). Prompts of
+    questions without a plan generate freely.
+    """
+
+    def __init__(self, tokenizer, plans: dict | None = None) -> None:
+        self.tokenizer, self.plans = tokenizer, dict(plans or {})
+        self.attempts: dict[tuple[str, int], int] = {}
+
+    def __call__(self, prompt_ids):
+        text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        question = next((q for q in self.plans if q in text), None)
+        if question is None:
+            return None
+        plan = self.plans[question]
+        turn = text.count("Retrieved documents for step")
+        step = plan[min(turn, len(plan) - 1)]
+        if isinstance(step, list):  # several attempts at this turn (format regeneration)
+            attempt = self.attempts.get((question, turn), 0)
+            self.attempts[(question, turn)] = attempt + 1
+            step = step[min(attempt, len(step) - 1)]
+        return self.tokenizer(step, add_special_tokens=False)["input_ids"]
+
+
+def query_step(analysis: str, query: str) -> str:
+    return f"The problem analysis: {analysis}\nThe retrieval query: {query}"
+
+
+def answer_step(analysis: str, answer: str) -> str:
+    return f"The problem analysis: {analysis}\nThe final answer: {answer}"

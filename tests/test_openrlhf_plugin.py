@@ -29,7 +29,8 @@ if STANDINS not in sys.path:
 import r3_env.openrlhf as plugin  # noqa: E402
 from r3_env.hf_engine import HFEngine, SamplingParams  # noqa: E402
 from r3_env.openrlhf import step_rewards  # noqa: E402
-from r3_env.openrlhf.train import SETUP_HOOK, runtime_env  # noqa: E402
+from r3_env.openrlhf.step_rewards import SETUP_HOOK  # noqa: E402
+from r3_env.openrlhf.train import runtime_env  # noqa: E402
 from r3_env.retrieval.index_builder import IndexBuildConfig, build_index  # noqa: E402
 from r3_env.world.build import WorldConfig, generate_world  # noqa: E402
 
@@ -259,7 +260,7 @@ def test_execute_as_the_rollout_actor_calls_it_then_per_step_returns_reach_the_t
     batch = maker.compute_advantages_and_returns(batch)
     returns = batch[0].returns[0]
     remaining = sum(response["step_rewards"])
-    for (start, end), value in zip(response["action_ranges"], response["step_rewards"], strict=True):
+    for (start, _end), value in zip(response["action_ranges"], response["step_rewards"], strict=True):
         assert returns[start - 1] == pytest.approx(remaining, abs=1e-5)
         remaining -= value
     assert step_rewards.DENSE_KEY not in batch[0].info

@@ -15,7 +15,15 @@ import json
 import httpx
 import pytest
 import yaml
-from conftest import CHATML_TEMPLATE, ServiceProcess, make_tokenizer, save_tiny_causal_lm
+from conftest import (
+    CHATML_TEMPLATE,
+    Script,
+    ServiceProcess,
+    answer_step,
+    make_tokenizer,
+    query_step,
+    save_tiny_causal_lm,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -68,36 +76,6 @@ def model(tokenizer, tmp_path_factory):
 
     folder = save_tiny_causal_lm(tmp_path_factory.mktemp("policy"), tokenizer)
     return AutoModelForCausalLM.from_pretrained(folder)
-
-
-class Script:
-    """Forces the policy's steps: plans[question] is the list of step texts, one per turn."""
-
-    def __init__(self, tokenizer, renderer: ChatRenderer) -> None:
-        self.tokenizer, self.renderer, self.plans = tokenizer, renderer, {}
-        self.attempts: dict[tuple[str, int], int] = {}
-
-    def __call__(self, prompt_ids):
-        text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
-        question = next((q for q in self.plans if q in text), None)
-        if question is None:
-            return None
-        plan = self.plans[question]
-        turn = text.count("Retrieved documents for step")
-        step = plan[min(turn, len(plan) - 1)]
-        if isinstance(step, list):  # several attempts at this turn (format regeneration)
-            attempt = self.attempts.get((question, turn), 0)
-            self.attempts[(question, turn)] = attempt + 1
-            step = step[min(attempt, len(step) - 1)]
-        return self.tokenizer(step, add_special_tokens=False)["input_ids"]
-
-
-def query_step(analysis: str, query: str) -> str:
-    return f"The problem analysis: {analysis}\nThe retrieval query: {query}"
-
-
-def answer_step(analysis: str, answer: str) -> str:
-    return f"The problem analysis: {analysis}\nThe final answer: {answer}"
 
 
 def hops(row) -> list[str]:
@@ -196,7 +174,7 @@ def test_fuzz_any_model_output_is_a_step_result_never_an_exception(tokenizer, te
 
 
 def scripted_engine(model, tokenizer, context: RolloutContext) -> tuple[HFEngine, Script]:
-    script = Script(tokenizer, context.renderer)
+    script = Script(tokenizer)
     return HFEngine(model, tokenizer, max_batch=16, script=script), script
 
 
@@ -232,7 +210,7 @@ def test_every_outcome_type_gets_the_r3_rewards_at_the_right_tokens(world, retri
     for result in results:
         assert len(result.step_rewards) == len(result.action_ranges)
         tokens = result.observation_tokens
-        for (start, end), (next_start, _) in zip(result.action_ranges, result.action_ranges[1:], strict=False):
+        for (_start, end), (next_start, _) in zip(result.action_ranges, result.action_ranges[1:], strict=False):
             feedback = tokenizer.decode(tokens[end:next_start])
             assert "Retrieved documents for step" in feedback  # environment tokens lie between actions
         for start, end in result.action_ranges:

@@ -47,7 +47,7 @@ def to_openrlhf(result: RolloutResult, label: Any, placement: str) -> dict[str, 
 class AgentExecutor(AgentExecutorBase):
     def __init__(self, config: RolloutConfig | None = None, search: Any = None, judge: Any = None) -> None:
         self.config = config or RolloutConfig.from_environment()
-        if self.config.reward.placement == "step" and not step_rewards.installed():
+        if self.config.reward.placement == "step" and not step_rewards.active():
             raise RuntimeError(
                 "reward.placement is 'step' but r3rag's per-step reward extension is not installed in this Ray "
                 "worker: launch with `python -m r3_env.openrlhf.train ...` (launch/ppo_r3.sh does), or set "

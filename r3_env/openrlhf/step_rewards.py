@@ -13,7 +13,8 @@ at the last action token. r3rag's executor also returns ``step_rewards``, one pe
   the episode's total. Without step rewards it is OpenRLHF's function unchanged.
 
 :func:`install` registers all three (idempotent). ``r3_env.openrlhf.train`` runs it in every Ray
-worker through Ray's ``worker_process_setup_hook``.
+worker through Ray's ``worker_process_setup_hook`` (:data:`SETUP_HOOK`); in a process that cannot
+import OpenRLHF's trainer (a vLLM-only env) it does nothing, since only the trainer needs it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ logger = logging.getLogger(__name__)
 STEP_REWARDS_KEY = "step_rewards"  # the executor's output: one reward per action range
 DENSE_KEY = "r3rag_step_reward_tokens"  # the token-level tensor in Experience.info, until advantages
 _DENSE_ATTR = "r3rag_step_rewards"  # the tensor attached to experience.kl for compute_reward
+SETUP_HOOK = "r3_env.openrlhf.step_rewards.install"
 _installed = False
 
 
@@ -109,9 +111,13 @@ def install() -> None:
     global _installed, StepRewardSamplesGenerator, StepRewardExperienceMaker
     if _installed:
         return
-    import openrlhf.trainer.ppo_trainer as ppo_trainer
-    import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async
-    import openrlhf.trainer.ppo_utils.experience_maker as experience_maker
+    try:
+        import openrlhf.trainer.ppo_trainer as ppo_trainer
+        import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async
+        import openrlhf.trainer.ppo_utils.experience_maker as experience_maker
+    except ImportError as error:  # e.g. a rollout-only env without DeepSpeed: no trainer runs here
+        logger.info("r3rag: OpenRLHF's trainer does not import in this process (%s); nothing to install", error)
+        return
 
     StepRewardSamplesGenerator, StepRewardExperienceMaker = _classes()
     ppo_trainer.SamplesGenerator = StepRewardSamplesGenerator
@@ -123,7 +129,23 @@ def install() -> None:
 
 
 def installed() -> bool:
+    """Whether this process has the extension registered."""
     return _installed
+
+
+def active() -> bool:
+    """Whether the trainer will have the extension: registered here, or this Ray job's workers run the hook."""
+    if _installed:
+        return True
+    try:
+        import ray
+
+        if not ray.is_initialized():
+            return False
+        runtime_env = ray.get_runtime_context().runtime_env or {}
+    except Exception:  # no Ray context: only this process counts
+        return False
+    return runtime_env.get("worker_process_setup_hook") == SETUP_HOOK
 
 
 StepRewardSamplesGenerator = None

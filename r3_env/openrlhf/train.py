@@ -14,10 +14,10 @@ import runpy
 import sys
 
 from r3_env.openrlhf import OPENRLHF_VERSION, step_rewards
+from r3_env.openrlhf.step_rewards import SETUP_HOOK
 
 logger = logging.getLogger(__name__)
 
-SETUP_HOOK = "r3_env.openrlhf.step_rewards.install"
 # What openrlhf.cli.train_ppo_ray puts in its own ray.init (which it skips once Ray is connected).
 OPENRLHF_ENV_DEFAULTS = {
     "TOKENIZERS_PARALLELISM": "true",
