@@ -1,21 +1,28 @@
 """Rollout throughput: concurrent multi-turn episodes against the official sampler's design, and env overhead.
 
-    .venv/bin/python bench/rollout.py [--questions 32] [--entities 400] [--max-batch 32]
+    .venv/bin/python bench/rollout.py [--engine hf|vllm] [--questions 32] [--entities 400] [--max-batch 32]
 
-Both designs use the same engine (r3_env.hf_engine.HFEngine over a tiny random Qwen2), the same
-retrieval service (BM25 over a synthetic world) and the same reward server (lexical judge), each
-its own process on this machine:
+Both designs use the same engine over a tiny random Qwen2, the same retrieval service (BM25 over
+a synthetic world) and the same reward server (lexical judge), each its own process here:
 
 - concurrent (r3rag): every question in flight at once; the engine batches generation across
   episodes, retrieval and judge calls are coalesced across episodes;
 - sequential (the official R3-RAG sampler's design): one question at a time, its steps one after
   another, one retrieval and one judge call per step.
 
-The tiny model's token choices are forced to each question's gold decomposition (constrained
-decoding; every forward pass is real), so episodes have the real multi-step shape: one query per
-hop, then the answer. Targets: concurrent >= 4x the sequential trajectories/s at 32 questions;
-environment time (parse, retrieve, render, tokenize, judge and reward bookkeeping, generation
-excluded) under 5% of rollout wall time.
+Engines:
+
+- ``hf``: r3_env.hf_engine.HFEngine (batched ``model.generate``). The model's token choices are
+  forced to each question's gold decomposition (constrained decoding; every forward pass is real),
+  so episodes have the real shape: one query per hop, then the answer. HF generate recomputes the
+  whole context at every step (no prefix cache), so on CPU long contexts make it prefill-bound.
+- ``vllm``: vLLM's CPU build (``.venv-vllm``, scripts/setup_vllm.sh), the engine training uses:
+  ``AsyncLLMEngine`` with prefix caching. Its sampling is constrained by a regex to well-formed
+  query steps (real sampling inside it), so every episode retrieves until ``max_steps``.
+
+Targets: concurrent >= 4x the sequential trajectories/s at 32 questions; environment time
+(parse, retrieve, render, tokenize, judge and reward bookkeeping, generation excluded) under 5%
+of rollout wall time.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ import argparse
 import asyncio
 import json
 import logging
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -60,10 +69,31 @@ def plans(rows: list[dict]) -> dict[str, list[str]]:
     return steps
 
 
-async def rollouts(config: RolloutConfig, tokenizer, model, rows, max_batch: int, concurrent: bool) -> dict:
+QUERY_STEP = r"The problem analysis: [a-z]{2,8}( [a-z]{2,8}){0,6}\nThe retrieval query: [a-z]{2,8}( [a-z]{2,8}){0,3}"
+
+
+class VLLMEngine:
+    """OpenRLHF's ``generate(token_ids, sampling_params)`` contract over vLLM's AsyncLLMEngine (as its actor has)."""
+
+    def __init__(self, llm) -> None:
+        self.llm, self.requests = llm, 0
+
+    async def generate(self, prompt_token_ids, sampling_params, **_):
+        from vllm.inputs import TokensPrompt
+        from vllm.utils import random_uuid
+
+        self.requests += 1
+        final = None
+        async for output in self.llm.generate(
+            TokensPrompt(prompt_token_ids=list(prompt_token_ids)), sampling_params, request_id=random_uuid()
+        ):
+            final = output
+        return final
+
+
+async def rollouts(config: RolloutConfig, tokenizer, engine_factory, rows, concurrent: bool) -> dict:
     context = RolloutContext(config, tokenizer)
-    engine = HFEngine(model, tokenizer, max_batch=max_batch, script=Script(tokenizer, plans(rows)))
-    params = SamplingParams(temperature=1.0, max_tokens=None)
+    engine, params = engine_factory()
 
     async def one(row):
         return await run_episode(context, engine, row["question"], json.dumps(row), params, 4096)
@@ -83,21 +113,90 @@ async def rollouts(config: RolloutConfig, tokenizer, model, rows, max_batch: int
         "correct": sum(r.outcome == "correct" for r in results),
         "environment_share": stats.environment_share,
         "environment_s_per_episode": stats.environment_s / stats.episodes,
-        "generate_batches": engine.batches,
-        "mean_generate_batch": engine.requests / max(1, engine.batches),
         "mean_retrieval_batch": context.search_batcher.mean_batch,
         "mean_relevance_batch": context.relevance_batcher.mean_batch,
     }
 
 
+def hf_designs(spec: dict) -> tuple[dict, dict]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(spec["model"])
+    model = AutoModelForCausalLM.from_pretrained(spec["model"])
+    rows, script = spec["rows"], Script(tokenizer, plans(spec["rows"]))
+
+    def factory(max_batch: int):
+        return lambda: (HFEngine(model, tokenizer, max_batch=max_batch, script=script), SamplingParams())
+
+    return run_designs(spec, tokenizer, factory(1), factory(spec["max_batch"]), rows)
+
+
+def vllm_designs(spec: dict) -> tuple[dict, dict]:
+    import vllm
+    from transformers import AutoTokenizer
+    from vllm.sampling_params import StructuredOutputsParams
+
+    tokenizer = AutoTokenizer.from_pretrained(spec["model"])
+    args = vllm.AsyncEngineArgs(
+        model=spec["model"], enforce_eager=True, dtype="float32", max_model_len=4096, enable_prefix_caching=True
+    )
+    llm = vllm.AsyncLLMEngine.from_engine_args(args)
+    params = vllm.SamplingParams(temperature=1.0, structured_outputs=StructuredOutputsParams(regex=QUERY_STEP))
+    engine = lambda: (VLLMEngine(llm), params)
+    try:
+        return run_designs(spec, tokenizer, engine, engine, spec["rows"])
+    finally:
+        llm.shutdown()
+
+
+def run_designs(spec: dict, tokenizer, sequential_engine, concurrent_engine, rows) -> tuple[dict, dict]:
+    env = yaml.safe_load((ROOT / "launch" / "configs" / "r3.yaml").read_text())["env"]  # R3-RAG's RL settings
+    services = spec["services"]
+    concurrent_config = RolloutConfig.from_dict({"env": env, "services": services})
+    sequential_config = RolloutConfig.from_dict({"env": env, "services": {**services, "batch_wait_ms": 0}})
+
+    async def both():  # one event loop: vLLM's engine belongs to the loop that made it
+        await rollouts(concurrent_config, tokenizer, concurrent_engine, rows[:4], True)  # warm-up
+        sequential = await rollouts(sequential_config, tokenizer, sequential_engine, rows, False)
+        concurrent = await rollouts(concurrent_config, tokenizer, concurrent_engine, rows, True)
+        return sequential, concurrent
+
+    return asyncio.run(both())
+
+
+def show(engine: str, rows: int, sequential: dict, concurrent: dict) -> None:
+    print(
+        f"engine {engine}: {rows} questions, {concurrent['steps']} steps ({concurrent['correct']} answered correctly)"
+    )
+    print(f"{'':28}{'sequential (official)':>24}{'concurrent (r3rag)':>22}")
+    for key, fmt in (
+        ("wall_s", "{:.2f}"),
+        ("trajectories_per_s", "{:.2f}"),
+        ("environment_share", "{:.1%}"),
+        ("environment_s_per_episode", "{:.3f}"),
+        ("mean_retrieval_batch", "{:.1f}"),
+        ("mean_relevance_batch", "{:.1f}"),
+    ):
+        print(f"{key:28}{fmt.format(sequential[key]):>24}{fmt.format(concurrent[key]):>22}")
+    ratio = concurrent["trajectories_per_s"] / sequential["trajectories_per_s"]
+    print(f"concurrent / sequential trajectories/s: {ratio:.1f}x (target >= 4x)")
+    print(f"environment share of rollout wall time (concurrent): {concurrent['environment_share']:.1%} (target < 5%)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--engine", choices=["hf", "vllm"], default="hf")
     parser.add_argument("--questions", type=int, default=32)
     parser.add_argument("--entities", type=int, default=400)
-    parser.add_argument("--max-batch", type=int, default=32)
+    parser.add_argument("--max-batch", type=int, default=32, help="hf: requests per generate batch")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # run the designs from this spec (in .venv-vllm)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    from transformers import AutoModelForCausalLM
+    if args.child:
+        spec = json.loads(Path(args.child).read_text())
+        sequential, concurrent = vllm_designs(spec)
+        Path(spec["out"]).write_text(json.dumps([sequential, concurrent]))
+        return
 
     work = Path(tempfile.mkdtemp(prefix="r3rag-bench-rollout-"))
     generate_world(WorldConfig(entities=args.entities, seed=7, bm25_check=0), work / "world")
@@ -107,35 +206,32 @@ def main() -> None:
     (work / "retriever.yaml").write_text(yaml.safe_dump({"retrieval_method": "bm25", "index_path": str(index)}))
     (work / "reward.yaml").write_text(yaml.safe_dump({"judge": {"backend": "lexical"}}))
     tokenizer = make_tokenizer(train_bpe(), CHATML_TEMPLATE)
-    model = AutoModelForCausalLM.from_pretrained(save_tiny_causal_lm(work / "policy", tokenizer))
+    head = {"heads": 2, "head_dim": 64, "kv_heads": 1} if args.engine == "vllm" else {}  # vLLM CPU: head size 64
+    model = save_tiny_causal_lm(work / "policy", tokenizer, **head)
 
     with (
         ServiceProcess(["retriever", "serve", "--config", str(work / "retriever.yaml")]) as retriever,
         ServiceProcess(["reward", "serve", "--config", str(work / "reward.yaml")]) as reward,
     ):
-        services = {"retriever_url": retriever.url, "reward_url": reward.url}
-        env = yaml.safe_load((ROOT / "launch" / "configs" / "r3.yaml").read_text())["env"]  # R3-RAG's RL settings
-        concurrent_config = RolloutConfig.from_dict({"env": env, "services": services})
-        sequential_config = RolloutConfig.from_dict({"env": env, "services": {**services, "batch_wait_ms": 0}})
-        asyncio.run(rollouts(concurrent_config, tokenizer, model, rows[:4], args.max_batch, True))  # warm-up
-        sequential = asyncio.run(rollouts(sequential_config, tokenizer, model, rows, 1, False))
-        concurrent = asyncio.run(rollouts(concurrent_config, tokenizer, model, rows, args.max_batch, True))
-
-    print(f"{len(rows)} questions, {concurrent['steps']} steps ({concurrent['correct']} answered correctly)")
-    print(f"{'':28}{'sequential (official)':>24}{'concurrent (r3rag)':>22}")
-    for key, fmt in (
-        ("wall_s", "{:.2f}"),
-        ("trajectories_per_s", "{:.2f}"),
-        ("environment_share", "{:.1%}"),
-        ("environment_s_per_episode", "{:.3f}"),
-        ("mean_generate_batch", "{:.1f}"),
-        ("mean_retrieval_batch", "{:.1f}"),
-        ("mean_relevance_batch", "{:.1f}"),
-    ):
-        print(f"{key:28}{fmt.format(sequential[key]):>24}{fmt.format(concurrent[key]):>22}")
-    ratio = concurrent["trajectories_per_s"] / sequential["trajectories_per_s"]
-    print(f"concurrent / sequential trajectories/s: {ratio:.1f}x (target >= 4x)")
-    print(f"environment share of rollout wall time (concurrent): {concurrent['environment_share']:.1%} (target < 5%)")
+        spec = {
+            "model": str(model),
+            "rows": rows,
+            "max_batch": args.max_batch,
+            "services": {"retriever_url": retriever.url, "reward_url": reward.url},
+            "out": str(work / "figures.json"),
+        }
+        if args.engine == "hf":
+            sequential, concurrent = hf_designs(spec)
+        else:
+            python = ROOT / ".venv-vllm" / "bin" / "python"
+            if not python.exists():
+                raise SystemExit("--engine vllm needs .venv-vllm: run `bash scripts/setup_vllm.sh`")
+            (work / "spec.json").write_text(json.dumps(spec))
+            env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
+            env.update(VLLM_CPU_NUM_OF_RESERVED_CPU="0", VLLM_CPU_KVCACHE_SPACE="2")
+            subprocess.run([str(python), __file__, "--child", str(work / "spec.json")], check=True, env=env)
+            sequential, concurrent = json.loads((work / "figures.json").read_text())
+    show(args.engine, len(rows), sequential, concurrent)
 
 
 if __name__ == "__main__":
