@@ -30,7 +30,7 @@ from r3_env.answers import answer_matches, clean_answer
 from r3_env.batching import Coalescer
 from r3_env.config import ConfigError, build_config, load_yaml
 from r3_env.data import JsonlWriter, Label, read_label
-from r3_env.env import EnvConfig, RetrievalEnv, StepKind
+from r3_env.env import EnvConfig, RetrievalEnv, StepKind, StepRecord
 from r3_env.protocol import ChatRenderer
 from r3_env.retrieval.base import Hit
 from r3_env.retrieval.client import AsyncRetrievalClient, RetrievalServiceError
@@ -288,6 +288,17 @@ class _Trajectory:
         self.action_ranges: list[tuple[int, int]] = []
         self.logprobs: list[float] | None = [0.0] * len(prompt_tokens) if want_logprobs else None
         self.truncated = False
+        # relevance judgements started as soon as each retrieval step's documents are known
+        self.judging: list[tuple[StepRecord, asyncio.Future]] = []
+
+    def discard_judging(self) -> None:
+        """Cancel judgements still running; collect the failure of finished ones (nothing is left unobserved)."""
+        for _, task in self.judging:
+            if task.done():
+                if not task.cancelled():
+                    task.exception()
+            else:
+                task.cancel()
 
     def add_action(self, tokens: Sequence[int], logprobs: Sequence[float] | None) -> None:
         start = len(self.tokens)
@@ -346,24 +357,23 @@ async def _generate_and_act(
         if result.retry:
             continue  # regenerate the step from the same context; the bad attempt is dropped
         traj.add_action(action_tokens, _action_logprobs(output, action_tokens))
+        step = env.steps[-1]
+        if step.kind is StepKind.QUERY and ctx.scheme.needs_relevance:  # judged while the next step generates
+            item = {
+                "question": env.question,
+                "analysis": step.analysis,
+                "query": step.query,
+                "documents": [p.contents for p in result.documents],
+            }
+            traj.judging.append((step, asyncio.ensure_future(ctx.relevance_batcher.submit(item))))
         if result.feedback:
             traj.add_feedback(tokenizer(result.feedback, add_special_tokens=False)["input_ids"])
     timing["attempts"] = float(attempts)
 
 
-async def _judge_relevance(ctx: RolloutContext, env: RetrievalEnv) -> None:
-    queries = [(i, s) for i, s in enumerate(env.steps) if s.kind is StepKind.QUERY]
-    items = [
-        {
-            "question": env.question,
-            "analysis": step.analysis,
-            "query": step.query,
-            "documents": [p.contents for p in env.documents[n]],
-        }
-        for n, (_, step) in enumerate(queries)
-    ]
-    judged = await ctx.relevance_batcher.submit_many(items)
-    for (_, step), judgement in zip(queries, judged, strict=True):
+async def _collect_relevance(traj: _Trajectory) -> None:
+    judged = await asyncio.gather(*(task for _, task in traj.judging))
+    for (step, _), judgement in zip(traj.judging, judged, strict=True):
         step.relevance = min(1.0, max(0.0, judgement.score))
         step.relevance_fallback = judgement.fallback
 
@@ -388,7 +398,9 @@ def _mean_pairwise_cosine(ctx: RolloutContext, queries: list[str]) -> float:
     return float((sims.sum() - np.trace(sims)) / (n * (n - 1)))
 
 
-async def _score(ctx: RolloutContext, env: RetrievalEnv, label: Label) -> tuple[Outcome, list[float], dict]:
+async def _score(
+    ctx: RolloutContext, env: RetrievalEnv, traj: _Trajectory, label: Label
+) -> tuple[Outcome, list[float], dict]:
     scheme = ctx.scheme
     if env.format_error is not None:
         outcome = Outcome.FORMAT_ERROR
@@ -397,14 +409,10 @@ async def _score(ctx: RolloutContext, env: RetrievalEnv, label: Label) -> tuple[
     else:
         outcome = Outcome.WRONG  # decided below when the scheme needs correctness
     verdict = None
-    relevance_task = (
-        asyncio.ensure_future(_judge_relevance(ctx, env)) if scheme.needs_relevance and env.retrievals else None
-    )
     if outcome is Outcome.WRONG and scheme.needs_correctness:
         verdict = await _correctness(ctx, env, label)
         outcome = Outcome.CORRECT if verdict.score >= 0.5 else Outcome.WRONG
-    if relevance_task is not None:
-        await relevance_task
+    await _collect_relevance(traj)
     queries = [s for s in env.steps if s.kind is StepKind.QUERY]
     gold, seen = set(label.gold_ids), set()
     for step in queries:
@@ -473,12 +481,14 @@ async def run_episode(
             await _generate_and_act(ctx, env, traj, engine, sampling_params, max_length, timing)
             problem = _label_problem(ctx, parsed_label)
             if problem is None:
-                outcome, step_rewards, info = await _score(ctx, env, parsed_label)
+                outcome, step_rewards, info = await _score(ctx, env, traj, parsed_label)
             failure = None
             break
         except SERVICE_ERRORS as error:
             failure = error
             logger.warning("episode attempt %d failed: %s", attempt + 1, error)
+        finally:
+            traj.discard_judging()
     if failure is not None:
         ctx.stats.service_failures += 1
         logger.error("episode flagged with a neutral reward after %d attempts: %s", attempt + 1, failure)

@@ -80,12 +80,19 @@ class RewardConfig:
 
     def __post_init__(self) -> None:
         from r3_env.protocol import get_format
-        from r3_env.rewards import get_scheme
+        from r3_env.rewards import available_schemes, get_scheme
 
+        if self.scheme not in available_schemes():
+            raise ValueError(f"unknown reward.scheme {self.scheme!r}; choose one of: {', '.join(available_schemes())}")
         try:
-            get_scheme(self.scheme, **self.scheme_options)
-        except TypeError as error:
+            scheme = get_scheme(self.scheme, **self.scheme_options)
+        except ValueError as error:
             raise ValueError(f"reward.scheme_options do not fit the {self.scheme!r} scheme: {error}") from None
+        if scheme.needs_gold or scheme.needs_query_similarity or scheme.needs_training_step:
+            raise ValueError(
+                f"reward.scheme {self.scheme!r} needs gold passage ids, query embeddings or the training step, which "
+                "/get_reward's transcripts do not carry: use r3rag's agent (r3_env/openrlhf/agent.py) for it"
+            )
         get_format(self.step_format)
         if self.max_steps < 1:
             raise ValueError("reward.max_steps must be at least 1")

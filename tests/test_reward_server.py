@@ -433,6 +433,8 @@ def test_config_errors_are_clear(tmp_path):
     assert result.returncode == 2 and "judge.model_path is required" in result.stderr
     result = run_r3rag("reward", "serve", "--reward.scheme_options", '{"bogus": 1}')
     assert result.returncode == 2 and "scheme_options do not fit" in result.stderr
+    result = run_r3rag("reward", "serve", "--reward.scheme", "gold_hit")
+    assert result.returncode == 2 and "use r3rag's agent" in result.stderr
 
 
 def test_local_transformers_judge_plumbing(bpe_backend, tmp_path):
