@@ -103,7 +103,8 @@ def read_label(label: Any) -> Label:
     """A label as OpenRLHF passes it (``--data.label_key``): a JSON object, a list of answers, or one answer.
 
     Objects may name ``golden_answers`` (or ``answers``), ``question``, and the gold passages as
-    ``gold_ids`` or FlashRAG-style ``metadata.supporting_passage_ids``. A label naming no usable
+    ``gold_ids`` or FlashRAG-style ``supporting_passage_ids`` (at the top, as when the label is a
+    row's ``metadata``, or under ``metadata``). A label naming no usable
     answer (None, "null", an empty list) gives empty ``golden_answers``, which callers report.
     """
     if isinstance(label, str):
@@ -115,7 +116,7 @@ def read_label(label: Any) -> Label:
         return Label(_strings(label))
     question = label.get("question") if isinstance(label.get("question"), str) else None
     metadata = label.get("metadata") if isinstance(label.get("metadata"), dict) else {}
-    gold = label.get("gold_ids", metadata.get("supporting_passage_ids"))
+    gold = label.get("gold_ids", label.get("supporting_passage_ids", metadata.get("supporting_passage_ids")))
     return Label(_strings(label.get("golden_answers", label.get("answers"))), question, _strings(gold))
 
 

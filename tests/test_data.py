@@ -19,6 +19,7 @@ from r3_env.data import (
     load_passages,
     parse_qa_row,
     read_dataset,
+    read_label,
     write_corpus,
     write_dataset,
 )
@@ -192,3 +193,22 @@ def test_real_datasets_load_and_their_gold_passages_exist(name):
         titles = {found[pid].title for pid in item.metadata["supporting_passage_ids"]}
         assert titles == set(item.metadata["supporting_titles"]), item.id
         assert all(found[pid].text for pid in item.metadata["supporting_passage_ids"])
+
+
+@pytest.mark.parametrize(
+    ("label", "answers", "question", "gold"),
+    [
+        ('["Paris", "paris"]', ["Paris", "paris"], None, []),
+        ("Paris", ["Paris"], None, []),
+        (["Paris", 1889], ["Paris", "1889"], None, []),
+        ('{"golden_answers": ["Ann"], "question": "Who?", "gold_ids": ["3", 4]}', ["Ann"], "Who?", ["3", "4"]),
+        ({"answers": "Ann", "metadata": {"supporting_passage_ids": ["7"]}}, ["Ann"], None, ["7"]),
+        ({"type": "comparison", "supporting_passage_ids": ["1", "2"]}, [], None, ["1", "2"]),  # a row's metadata
+        ("null", [], None, []),
+        ("", [], None, []),
+        ([None, True, " "], [], None, []),
+    ],
+)
+def test_read_label_accepts_every_label_shape(label, answers, question, gold):
+    read = read_label(label)
+    assert (read.golden_answers, read.question, read.gold_ids) == (answers, question, gold)
