@@ -16,8 +16,11 @@
 #   REWARD_URL        reward server (judge) [http://127.0.0.1:8002]
 #   AGENT_CONFIG      the environment's YAML (env, reward, services, policy) [launch/configs/r3.yaml]
 #   SCHEME            reward scheme override: r3, outcome, staged_rc, gold_hit [the config's]
-#   PLACEMENT         step (each step's reward at its last token) or scalar [step]
 #   ALGO              ppo (GAE + critic, the paper), grpo (group_norm), reinforce++ (reinforce_baseline) [ppo]
+#   PLACEMENT         step (each step's reward at its last token; ppo only: group baselines normalise
+#                     episode totals) or scalar (one reward per episode) [step for ppo, else scalar]
+#   ROLLOUT_BATCH     prompts per rollout and per training batch [64]
+#   START_STEP        training step a resumed run starts at (the staged_rc scheme's clock) [0]
 #   NODES, GPUS_PER_NODE        GPU layout of actor/critic/ref, colocated with vLLM [1, 8]
 #   VLLM_ENGINES, VLLM_TP       vLLM rollout engines and their tensor parallelism [NODES*GPUS_PER_NODE, 1]
 #   VLLM_GPU_MEMORY             vLLM's share of each GPU when colocated [0.5]
@@ -43,7 +46,6 @@ LABEL_KEY="${LABEL_KEY:-golden_answers}"
 RETRIEVER_URL="${RETRIEVER_URL:-http://127.0.0.1:8000}"
 REWARD_URL="${REWARD_URL:-http://127.0.0.1:8002}"
 AGENT_CONFIG="${AGENT_CONFIG:-$here/configs/r3.yaml}"
-PLACEMENT="${PLACEMENT:-step}"
 ALGO="${ALGO:-ppo}"
 NODES="${NODES:-1}"
 GPUS_PER_NODE="${GPUS_PER_NODE:-8}"
@@ -55,7 +57,8 @@ SAVE_DIR="${SAVE_DIR:-checkpoints/r3-$ALGO}"
 CKPT_DIR="${CKPT_DIR:-$SAVE_DIR/ckpt}"
 SAVE_STEPS="${SAVE_STEPS:-20}"
 TENSORBOARD_DIR="${TENSORBOARD_DIR:-$SAVE_DIR/tb}"
-ROLLOUT_BATCH=64
+ROLLOUT_BATCH="${ROLLOUT_BATCH:-64}"
+START_STEP="${START_STEP:-0}"
 
 case "$ALGO" in
     ppo)
@@ -74,8 +77,13 @@ case "$ALGO" in
         echo "ALGO must be ppo, grpo or reinforce++, got '$ALGO'" >&2
         exit 2 ;;
 esac
+if [[ "$ALGO" == ppo ]]; then PLACEMENT="${PLACEMENT:-step}"; else PLACEMENT="${PLACEMENT:-scalar}"; fi
 if [[ "$PLACEMENT" != step && "$PLACEMENT" != scalar ]]; then
     echo "PLACEMENT must be step or scalar, got '$PLACEMENT'" >&2
+    exit 2
+fi
+if [[ "$PLACEMENT" == step && "$ALGO" != ppo ]]; then
+    echo "PLACEMENT=step needs ALGO=ppo: $ALGO's group baseline normalises episode totals; use PLACEMENT=scalar" >&2
     exit 2
 fi
 if [[ ! -f "$AGENT_CONFIG" ]]; then
@@ -87,6 +95,7 @@ fi
 episodes_per_step=$(( (ROLLOUT_BATCH * SAMPLES_PER_PROMPT + VLLM_ENGINES - 1) / VLLM_ENGINES ))
 overrides="{\"services.retriever_url\": \"$RETRIEVER_URL\", \"services.reward_url\": \"$REWARD_URL\""
 overrides+=", \"reward.placement\": \"$PLACEMENT\", \"reward.episodes_per_step\": $episodes_per_step"
+overrides+=", \"reward.start_step\": $START_STEP"
 if [[ -n "${SCHEME:-}" ]]; then overrides+=", \"reward.scheme\": \"$SCHEME\""; fi
 overrides+="}"
 export R3RAG_AGENT_CONFIG="$AGENT_CONFIG"
@@ -102,7 +111,8 @@ cmd=("$PYTHON" -m r3_env.openrlhf.train
     --train.agent_func_path "$agent_file"
     --data.prompt_dataset "$PROMPT_DATA" --data.input_key "$INPUT_KEY" --data.label_key "$LABEL_KEY"
     --data.max_len "$MAX_LEN" --rollout.max_new_tokens 512
-    --rollout.batch_size "$ROLLOUT_BATCH" --train.batch_size 64 --rollout.n_samples_per_prompt "$SAMPLES_PER_PROMPT"
+    --rollout.batch_size "$ROLLOUT_BATCH" --train.batch_size "$ROLLOUT_BATCH"
+    --rollout.n_samples_per_prompt "$SAMPLES_PER_PROMPT"
     --rollout.micro_batch_size 8 --train.micro_batch_size 4 --rollout.temperature 1.0
     --train.num_episodes 4 --train.max_epochs 1
     --actor.adam.lr 5e-7
@@ -112,7 +122,8 @@ cmd=("$PYTHON" -m r3_env.openrlhf.train
     --ref.num_nodes "$NODES" --ref.num_gpus_per_node "$GPUS_PER_NODE"
     --critic.num_nodes "$NODES" --critic.num_gpus_per_node "$GPUS_PER_NODE"
     --vllm.num_engines "$VLLM_ENGINES" --vllm.tensor_parallel_size "$VLLM_TP"
-    --vllm.gpu_memory_utilization "$VLLM_GPU_MEMORY" --vllm.enable_sleep --ds.enable_sleep --train.colocate_all
+    --vllm.gpu_memory_utilization "$VLLM_GPU_MEMORY" --vllm.enable_prefix_caching
+    --vllm.enable_sleep --ds.enable_sleep --train.colocate_all
     --ckpt.output_dir "$SAVE_DIR" --ckpt.path "$CKPT_DIR" --ckpt.save_steps "$SAVE_STEPS" --ckpt.max_num 3
     --ckpt.load_enable
     --logger.logging_steps 1 --logger.tensorboard_dir "$TENSORBOARD_DIR")

@@ -32,10 +32,12 @@ class Coalescer(Generic[Item, Result]):
         max_batch: int = 256,
         max_wait_s: float = 0.005,
         name: str = "batch",
+        error: type[Exception] = RuntimeError,
     ) -> None:
         if max_batch < 1 or max_wait_s < 0:
             raise ValueError("max_batch must be at least 1 and max_wait_s 0 or more")
         self.call, self.max_batch, self.max_wait_s, self.name = call, max_batch, max_wait_s, name
+        self.error = error  # what a call that answers the wrong number of results raises
         self._pending: list[tuple[Item, asyncio.Future]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -71,7 +73,7 @@ class Coalescer(Generic[Item, Result]):
         try:
             results = await self.call([item for item, _ in batch])
             if len(results) != len(batch):
-                raise RuntimeError(f"{self.name}: {len(results)} results for {len(batch)} items")
+                raise self.error(f"{self.name}: {len(results)} results for {len(batch)} items")
         except Exception as error:  # every waiter gets the failure; none is left hanging
             for _, future in batch:
                 if not future.done():

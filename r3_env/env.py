@@ -131,8 +131,13 @@ class RetrievalEnv:
     def num_docs(self) -> int:
         return self._shown
 
-    async def step(self, action_text: str, closed: bool = True) -> StepResult:
-        """Act on one policy output. ``closed``: it ended with the stop token (False: cut off by a length limit)."""
+    async def step(self, action_text: str, closed: bool = True, turn_ended: bool | None = None) -> StepResult:
+        """Act on one policy output.
+
+        ``closed``: the output finished (False: cut off by a length limit). ``turn_ended``: it ended
+        with the chat template's end-of-turn token (default ``closed``); when it finished on
+        another stop, the document turn supplies that token so the transcript stays well formed.
+        """
         if self.done:
             raise RuntimeError("the episode is over; make a new RetrievalEnv")
         try:
@@ -146,9 +151,9 @@ class RetrievalEnv:
             return self._finish(StepRecord(StepKind.FORMAT_ERROR, action_text, format_error=error.reason.value))
         if parsed.is_final:
             return self._finish(StepRecord(StepKind.ANSWER, action_text, parsed.analysis, answer=parsed.answer))
-        return await self._retrieve(action_text, parsed, closed)
+        return await self._retrieve(action_text, parsed, closed if turn_ended is None else turn_ended)
 
-    async def _retrieve(self, action_text: str, parsed: Step, closed: bool) -> StepResult:
+    async def _retrieve(self, action_text: str, parsed: Step, turn_ended: bool) -> StepResult:
         hits = await self.search(parsed.query[: self.config.max_query_chars], self.config.topk)
         kept = self._select([hit.passage for hit in hits])
         record = StepRecord(
@@ -165,7 +170,7 @@ class RetrievalEnv:
         if self.retrievals >= self.config.max_steps:  # out of steps: the documents are never shown
             self.done = True
             return StepResult(done=True, documents=tuple(kept))
-        feedback = self.renderer.observation(kept, self.retrievals, action_closed=closed)
+        feedback = self.renderer.observation(kept, self.retrievals, action_closed=turn_ended)
         return StepResult(feedback=feedback, documents=tuple(kept))
 
     def _select(self, passages: Sequence[Passage]) -> list[Passage]:

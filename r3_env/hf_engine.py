@@ -93,14 +93,15 @@ class HFEngine:
 
     async def _drain(self) -> None:
         while self._queue:
-            key = self._sampling_key(self._queue[0].params)
-            batch = [r for r in self._queue if self._sampling_key(r.params) == key][: self.max_batch]
-            taken = {id(r) for r in batch}
-            self._queue = [r for r in self._queue if id(r) not in taken]
+            batch: list[_Request] = []
             try:
+                key = self._batch_key(self._queue[0].params)
+                batch = [r for r in self._queue if self._batch_key(r.params) == key][: self.max_batch]
+                taken = {id(r) for r in batch}
+                self._queue = [r for r in self._queue if id(r) not in taken]
                 outputs = await asyncio.to_thread(self._run, batch)
-            except Exception as error:  # every waiter learns of it
-                for request in batch:
+            except Exception as error:  # every waiter learns of it; a request that cannot be batched fails alone
+                for request in batch or [self._queue.pop(0)]:
                     if not request.future.done():
                         request.future.set_exception(error)
                 continue
@@ -108,9 +109,10 @@ class HFEngine:
                 if not request.future.done():
                     request.future.set_result(output)
 
-    @staticmethod
-    def _sampling_key(params: Any) -> tuple:
-        return (float(params.temperature), float(params.top_p), int(params.top_k or -1), getattr(params, "seed", None))
+    def _batch_key(self, params: Any) -> tuple:
+        """Requests batch together when they sample alike and stop on the same tokens."""
+        sampling = (float(params.temperature), float(params.top_p), int(params.top_k or -1))
+        return (*sampling, getattr(params, "seed", None), tuple(sorted(self._stop_ids(params))))
 
     def _run(self, batch: list[_Request]) -> list[RequestOutput]:
         import torch

@@ -61,11 +61,15 @@ class RewardConfig:
     options: dict[str, Any] = field(default_factory=dict)  # the scheme's constants
     placement: Literal["step", "scalar"] = "step"  # each step's reward at its last token, or the sum at the end
     query_encoder: str = ""  # encoder folder for schemes that compare query embeddings (staged_rc)
-    episodes_per_step: int = 0  # episodes this engine runs per training step (staged schemes' clock)
+    # The staged schemes' clock: training step = start_step + episodes this engine ran // episodes_per_step.
+    # It counts every episode (evaluation and dynamic-filtering replacements too) and restarts with the
+    # process: a resumed run sets start_step to the step it resumes from.
+    episodes_per_step: int = 0
+    start_step: int = 0
 
     def __post_init__(self) -> None:
-        if self.episodes_per_step < 0:
-            raise ValueError(f"episodes_per_step must be 0 or more, got {self.episodes_per_step}")
+        if self.episodes_per_step < 0 or self.start_step < 0:
+            raise ValueError("episodes_per_step and start_step must be 0 or more")
 
 
 @dataclass(frozen=True)
@@ -217,14 +221,18 @@ class RolloutContext:
             )
         topk = config.env.topk
         self.search_batcher: Coalescer[str, list[Hit]] = Coalescer(
-            lambda queries: self._retriever.search(queries, topk), services.max_batch, wait, "retrieval"
+            lambda queries: self._retriever.search(queries, topk),
+            services.max_batch,
+            wait,
+            "retrieval",
+            RetrievalServiceError,
         )
         judge_ = self._judge
         self.relevance_batcher: Coalescer[dict, Judgement] = Coalescer(
-            lambda items: judge_.relevance(items), services.max_batch, wait, "relevance"
+            lambda items: judge_.relevance(items), services.max_batch, wait, "relevance", RewardServiceError
         )
         self.correctness_batcher: Coalescer[dict, Judgement] = Coalescer(
-            lambda items: judge_.correctness(items), services.max_batch, wait, "correctness"
+            lambda items: judge_.correctness(items), services.max_batch, wait, "correctness", RewardServiceError
         )
         self.encoder = None
         if self.scheme.needs_query_similarity:
@@ -241,6 +249,7 @@ class RolloutContext:
                 f"reward scheme {self.scheme.name!r} changes with the training step: set reward.episodes_per_step "
                 "(rollout batch x samples per prompt / number of vLLM engines)"
             )
+        self.special_ids = set(getattr(tokenizer, "all_special_ids", []))
         self.stats = RolloutStats()
         self._log: JsonlWriter | None = None
         if config.policy.trajectory_log:
@@ -253,8 +262,8 @@ class RolloutContext:
 
     @property
     def training_step(self) -> int:
-        per_step = self.config.reward.episodes_per_step
-        return self.stats.episodes // per_step if per_step else 0
+        reward = self.config.reward
+        return reward.start_step + (self.stats.episodes // reward.episodes_per_step if reward.episodes_per_step else 0)
 
     def log(self, record: dict[str, Any]) -> None:
         if self._log is not None:
@@ -346,11 +355,15 @@ async def _generate_and_act(
         timing["generation"] += time.perf_counter() - started
         attempts += 1
         action_tokens = list(output.token_ids)
-        closed = bool(action_tokens) and action_tokens[-1] in stop_ids
+        ended_turn = bool(action_tokens) and action_tokens[-1] in stop_ids
+        # finished: the turn's end token, or another stop (the model's EOS, a stop string)
+        finished = ended_turn or output.finish_reason == "stop"
         traj.truncated = output.finish_reason == "length"
-        text = tokenizer.decode(action_tokens[:-1] if closed else action_tokens, skip_special_tokens=False)
+        special_end = bool(action_tokens) and action_tokens[-1] in ctx.special_ids
+        body = action_tokens[:-1] if finished and special_end else action_tokens
+        text = tokenizer.decode(body, skip_special_tokens=False)
         try:
-            result = await env.step(text, closed=closed)
+            result = await env.step(text, closed=finished, turn_ended=ended_turn)
         except SERVICE_ERRORS:  # keep the action: a flagged episode still returns what was generated
             traj.add_action(action_tokens, _action_logprobs(output, action_tokens))
             raise
@@ -358,7 +371,7 @@ async def _generate_and_act(
             continue  # regenerate the step from the same context; the bad attempt is dropped
         traj.add_action(action_tokens, _action_logprobs(output, action_tokens))
         step = env.steps[-1]
-        if step.kind is StepKind.QUERY and ctx.scheme.needs_relevance:  # judged while the next step generates
+        if step.kind is StepKind.QUERY and ctx.scheme.needs_relevance and result.documents:  # judged meanwhile
             item = {
                 "question": env.question,
                 "analysis": step.analysis,
@@ -414,6 +427,9 @@ async def _score(
         outcome = Outcome.CORRECT if verdict.score >= 0.5 else Outcome.WRONG
     await _collect_relevance(traj)
     queries = [s for s in env.steps if s.kind is StepKind.QUERY]
+    for step in queries:
+        if scheme.needs_relevance and step.relevance is None:  # no document was shown: nothing was relevant
+            step.relevance = 0.0
     gold, seen = set(label.gold_ids), set()
     for step in queries:
         fresh = {i for i in step.doc_ids if i in gold} - seen

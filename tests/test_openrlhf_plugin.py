@@ -121,14 +121,21 @@ def test_a_ray_worker_runs_the_setup_hook_and_sees_the_agent_config(monkeypatch)
 
     @ray.remote
     def probe():
+        import sys
+
         from r3_env.openrlhf import step_rewards as remote
         from r3_env.rollout import RolloutConfig
 
-        return remote.installed(), RolloutConfig.from_environment().env.max_steps
+        # the hook imported nothing (no DeepSpeed accelerator before Ray assigns a GPU) ...
+        untouched = "openrlhf.trainer.ppo_trainer" not in sys.modules
+        import openrlhf.trainer.ppo_trainer as trainer  # ... and patches the trainer when it is imported
+
+        patched = trainer.SamplesGenerator is remote.StepRewardSamplesGenerator is not None
+        return remote.installed(), untouched, patched, RolloutConfig.from_environment().env.max_steps
 
     ray.init(num_cpus=1, runtime_env=env, include_dashboard=False, log_to_driver=False)
     try:
-        assert ray.get(probe.remote(), timeout=120) == (True, 3)
+        assert ray.get(probe.remote(), timeout=120) == (True, True, True, 3)
     finally:
         ray.shutdown()
 
@@ -264,6 +271,15 @@ def test_execute_as_the_rollout_actor_calls_it_then_per_step_returns_reach_the_t
         assert returns[start - 1] == pytest.approx(remaining, abs=1e-5)
         remaining -= value
     assert step_rewards.DENSE_KEY not in batch[0].info
+    # a group baseline would mix raw step rewards with a normalised total: refused, with the fix
+    args.algo.advantage.estimator = "group_norm"
+    grouped = maker.split_rollout_samples(
+        [generator._process_response_into_experience(r, max_len=2048) for r in responses]
+    )
+    for sample in grouped:
+        sample.kl = torch.zeros(sample.action_mask.shape)
+    with pytest.raises(ValueError, match="placement to scalar"):
+        maker.compute_advantages_and_returns(grouped)
 
 
 def test_scalar_placement_leaves_openrlhf_unchanged(services, bpe_backend, tmp_path, monkeypatch):
@@ -311,16 +327,38 @@ def test_launch_scripts_resolve_to_the_papers_settings_in_openrlhfs_parser(scrip
         assert (args.train.num_episodes, args.ds.zero_stage, args.ds.param_dtype) == (4, 2, "bf16")
     assert args.ckpt.load_enable and args.ckpt.path  # a rerun resumes from OpenRLHF's own checkpoints
     overrides = json.loads(variables["R3RAG_AGENT_OVERRIDES"].replace("\\", ""))
-    assert overrides["reward.placement"] == "step" and overrides["services.reward_url"].startswith("http://")
+    assert overrides["reward.placement"] == ("step" if critic else "scalar")  # group baselines take totals
+    assert overrides["services.reward_url"].startswith("http://")
+    assert args.vllm.enable_prefix_caching
     assert Path(variables["R3RAG_AGENT_CONFIG"]).is_file()
 
 
 def test_launch_script_rejects_bad_variables():
-    for env in ({"ALGO": "dpo"}, {"PLACEMENT": "middle"}, {"AGENT_CONFIG": "/nonexistent.yaml"}):
+    for env in (
+        {"ALGO": "dpo"},
+        {"PLACEMENT": "middle"},
+        {"AGENT_CONFIG": "/nonexistent.yaml"},
+        {"PLACEMENT": "step", "ALGO": "grpo"},
+    ):
         result = subprocess.run(
             ["bash", str(ROOT / "launch" / "ppo_r3.sh"), "--dry-run"],
             env={**os.environ, "PYTHON": sys.executable, **env},
             capture_output=True,
             text=True,
         )
-        assert result.returncode == 2 and next(iter(env)) in result.stderr
+        assert result.returncode == 2 and next(iter(env)) in result.stderr, result.stderr
+
+
+def test_runtime_env_leaves_what_the_job_sets_to_the_job(monkeypatch):
+    job = {"runtime_env": {"env_vars": {"R3RAG_REWARD_API_KEY": "k", "NCCL_DEBUG": "INFO"}, "working_dir": "."}}
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(job))
+    monkeypatch.setenv("R3RAG_REWARD_API_KEY", "k")
+    monkeypatch.setenv("R3RAG_AGENT_CONFIG", "r3.yaml")
+    env = runtime_env()
+    assert env["worker_process_setup_hook"] == SETUP_HOOK
+    assert env["env_vars"]["R3RAG_AGENT_CONFIG"] == "r3.yaml"
+    assert "R3RAG_REWARD_API_KEY" not in env["env_vars"] and "NCCL_DEBUG" not in env["env_vars"]
+    job["runtime_env"]["worker_process_setup_hook"] = "mine.setup"
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(job))
+    with pytest.raises(RuntimeError, match="r3_env.openrlhf.step_rewards.install"):
+        runtime_env()

@@ -152,6 +152,23 @@ def test_env_regenerates_a_malformed_step_up_to_format_retries_then_fails(tokeni
     assert truncated.format_error == "truncated"
 
 
+def test_env_closes_the_turn_for_a_step_that_stopped_on_another_token(tokenizer):
+    renderer = ChatRenderer(tokenizer)
+    env = RetrievalEnv(EnvConfig(), renderer, FixedSearch(), "Q?")
+    result = run(env.step(query_step("a", "q"), closed=True, turn_ended=False))
+    assert result.feedback.startswith(renderer.frame.turn_end)
+    assert run(RetrievalEnv(EnvConfig(), renderer, FixedSearch(), "Q?").step(query_step("a", "q"))).feedback == (
+        renderer.observation(FixedSearch().passages, 1)
+    )
+
+
+def test_a_malformed_retrieval_answer_is_a_service_error():
+    from r3_env.retrieval.client import RetrievalServiceError, _parse
+
+    with pytest.raises(RetrievalServiceError, match="lacks document"):
+        _parse({"result": [[{"document": {"id": "1"}}]]}, 1)
+
+
 def test_env_cuts_huge_queries_before_retrieval(tokenizer):
     search = FixedSearch()
     env = RetrievalEnv(EnvConfig(max_query_chars=50), ChatRenderer(tokenizer), search, "Q?")

@@ -13,13 +13,23 @@ at the last action token. r3rag's executor also returns ``step_rewards``, one pe
   the episode's total. Without step rewards it is OpenRLHF's function unchanged.
 
 :func:`install` registers all three (idempotent). ``r3_env.openrlhf.train`` runs it in every Ray
-worker through Ray's ``worker_process_setup_hook`` (:data:`SETUP_HOOK`); in a process that cannot
-import OpenRLHF's trainer (a vLLM-only env) it does nothing, since only the trainer needs it.
+worker through Ray's ``worker_process_setup_hook`` (:data:`SETUP_HOOK`). It imports nothing: the
+trainer modules are patched when a process imports them (a rollout-only process never does).
+
+Per-step placement needs an advantage estimator that leaves rewards as they are (``gae``, the
+paper's PPO, or ``reinforce``): group baselines (GRPO's ``group_norm``, ``reinforce_baseline``,
+``rloo``, ``dr_grpo``) normalise the episode's total, and raw step rewards added to a normalised
+total would give later steps advantages of mixed scales. The experience maker refuses that mix;
+use ``reward.placement: scalar`` with them.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import logging
+import sys
+import types
 from collections.abc import Sequence
 
 import torch
@@ -28,11 +38,14 @@ from r3_env.openrlhf import OPENRLHF_VERSION
 
 logger = logging.getLogger(__name__)
 
+STEP_ESTIMATORS = ("gae", "reinforce")  # estimators that keep rewards as they are
 STEP_REWARDS_KEY = "step_rewards"  # the executor's output: one reward per action range
 DENSE_KEY = "r3rag_step_reward_tokens"  # the token-level tensor in Experience.info, until advantages
 _DENSE_ATTR = "r3rag_step_rewards"  # the tensor attached to experience.kl for compute_reward
 SETUP_HOOK = "r3_env.openrlhf.step_rewards.install"
 _installed = False
+StepRewardSamplesGenerator = None  # the subclasses, made when OpenRLHF's trainer is first imported
+StepRewardExperienceMaker = None
 
 
 def dense_step_rewards(
@@ -96,6 +109,13 @@ def _classes():
                 dense = experience.info.pop(DENSE_KEY, None)
                 if dense is None:
                     continue
+                estimator = self.args.algo.advantage.estimator  # what picks OpenRLHF's reward baseline
+                if estimator not in STEP_ESTIMATORS:
+                    raise ValueError(
+                        f"per-step rewards need --algo.advantage.estimator {' or '.join(STEP_ESTIMATORS)}, not "
+                        f"{estimator!r} (its baseline normalises episode totals): set "
+                        "reward.placement to scalar (PLACEMENT=scalar in launch/ppo_r3.sh)"
+                    )
                 if dense.shape != experience.kl.shape:
                     raise ValueError(
                         f"step rewards {tuple(dense.shape)} do not match the action mask {tuple(experience.kl.shape)}"
@@ -106,26 +126,67 @@ def _classes():
     return StepRewardSamplesGenerator, StepRewardExperienceMaker
 
 
+_TRAINER_MODULES = (
+    "openrlhf.trainer.ppo_utils.experience_maker",
+    "openrlhf.trainer.ppo_trainer",
+    "openrlhf.trainer.ppo_trainer_async",
+)
+
+
+def _patch(module: types.ModuleType) -> None:
+    """Register the extension in one of OpenRLHF's trainer modules (just imported, or already there)."""
+    global StepRewardSamplesGenerator, StepRewardExperienceMaker
+    name = module.__name__
+    if name == "openrlhf.trainer.ppo_utils.experience_maker":
+        module.compute_reward = compute_reward_with_steps
+        return
+    if StepRewardSamplesGenerator is None:
+        StepRewardSamplesGenerator, StepRewardExperienceMaker = _classes()
+    module.SamplesGenerator = StepRewardSamplesGenerator
+    if name == "openrlhf.trainer.ppo_trainer":
+        module.RemoteExperienceMaker = StepRewardExperienceMaker
+    logger.info("r3rag: per-step rewards registered in %s (OpenRLHF %s)", name, OPENRLHF_VERSION)
+
+
+class _PatchAfterExec(importlib.abc.Loader):
+    def __init__(self, loader: importlib.abc.Loader) -> None:
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        self.loader.exec_module(module)
+        _patch(module)
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Patches OpenRLHF's trainer modules when, and only if, a process imports them."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in _TRAINER_MODULES:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _PatchAfterExec(spec.loader)
+        return spec
+
+
 def install() -> None:
-    """Register the extension in this process (Ray's ``worker_process_setup_hook`` calls it in every worker)."""
-    global _installed, StepRewardSamplesGenerator, StepRewardExperienceMaker
+    """Register the extension in this process (Ray's ``worker_process_setup_hook`` calls it in every worker).
+
+    Modules already imported are patched now; the others when they are imported. Nothing is
+    imported here: importing OpenRLHF's trainer initialises DeepSpeed's accelerator, which must
+    not happen before Ray has given the worker its GPU.
+    """
+    global _installed
     if _installed:
         return
-    try:
-        import openrlhf.trainer.ppo_trainer as ppo_trainer
-        import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async
-        import openrlhf.trainer.ppo_utils.experience_maker as experience_maker
-    except ImportError as error:  # e.g. a rollout-only env without DeepSpeed: no trainer runs here
-        logger.info("r3rag: OpenRLHF's trainer does not import in this process (%s); nothing to install", error)
-        return
-
-    StepRewardSamplesGenerator, StepRewardExperienceMaker = _classes()
-    ppo_trainer.SamplesGenerator = StepRewardSamplesGenerator
-    ppo_trainer.RemoteExperienceMaker = StepRewardExperienceMaker
-    ppo_trainer_async.SamplesGenerator = StepRewardSamplesGenerator
-    experience_maker.compute_reward = compute_reward_with_steps
+    sys.meta_path.insert(0, _PatchOnImport())
+    for name in _TRAINER_MODULES:
+        if name in sys.modules:
+            _patch(sys.modules[name])
     _installed = True
-    logger.info("r3rag: per-step rewards installed in OpenRLHF %s", OPENRLHF_VERSION)
 
 
 def installed() -> bool:
@@ -146,7 +207,3 @@ def active() -> bool:
     except Exception:  # no Ray context: only this process counts
         return False
     return runtime_env.get("worker_process_setup_hook") == SETUP_HOOK
-
-
-StepRewardSamplesGenerator = None
-StepRewardExperienceMaker = None

@@ -8,6 +8,7 @@ unchanged with the given flags. OpenRLHF's own ``ray.init`` defaults are kept.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import runpy
@@ -26,10 +27,33 @@ OPENRLHF_ENV_DEFAULTS = {
 }
 
 
+def _job_runtime_env() -> dict:
+    """The runtime env given to ``ray job submit`` (Ray refuses to merge keys it sets twice)."""
+    try:
+        config = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") or "{}")
+    except ValueError:
+        return {}
+    return (config.get("runtime_env") or {}) if isinstance(config, dict) else {}
+
+
 def runtime_env() -> dict:
+    """What ``ray.init`` adds to the job's runtime env: the setup hook and the variables the job does not set."""
+    job = _job_runtime_env()
+    taken = set(job.get("env_vars") or {})
     env_vars = {key: os.environ.get(key, default) for key, default in OPENRLHF_ENV_DEFAULTS.items()}
     env_vars.update({key: value for key, value in os.environ.items() if key.startswith("R3RAG_")})
-    return {"worker_process_setup_hook": SETUP_HOOK, "env_vars": env_vars}
+    env: dict = {"env_vars": {key: value for key, value in env_vars.items() if key not in taken}}
+    hook = job.get("worker_process_setup_hook")
+    if hook is None:
+        env["worker_process_setup_hook"] = SETUP_HOOK
+    elif hook != SETUP_HOOK:
+        raise RuntimeError(
+            f"the job's runtime env sets worker_process_setup_hook={hook!r}; r3rag needs {SETUP_HOOK!r} "
+            "in every worker: call it from your hook and drop it from --runtime-env-json, or leave yours out"
+        )
+    if not env["env_vars"]:
+        del env["env_vars"]
+    return env
 
 
 def main(argv: list[str] | None = None) -> None:

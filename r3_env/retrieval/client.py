@@ -38,10 +38,16 @@ def _parse(payload: Any, expected: int) -> list[list[Hit]]:
     result = payload.get("result") if isinstance(payload, dict) else None
     if not isinstance(result, list) or len(result) != expected:
         raise RetrievalServiceError(f"malformed /retrieve answer: expected {expected} result lists")
-    return [
-        [Hit(Passage(str(item["document"]["id"]), item["document"]["contents"]), float(item["score"])) for item in hits]
-        for hits in result
-    ]
+    try:
+        return [
+            [
+                Hit(Passage(str(item["document"]["id"]), item["document"]["contents"]), float(item["score"]))
+                for item in hits
+            ]
+            for hits in result
+        ]
+    except (KeyError, TypeError, ValueError):
+        raise RetrievalServiceError("malformed /retrieve answer: a row lacks document.id, contents or score") from None
 
 
 class _Base:
