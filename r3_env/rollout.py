@@ -481,7 +481,6 @@ async def run_episode(
     parsed_label = read_label(label)
     question = question_of(ctx, prompt, parsed_label)
     started = time.perf_counter()
-    timing = {"generation": 0.0}
     failure = None
     for attempt in range(ctx.config.services.episode_retries + 1):
         env = RetrievalEnv(ctx.config.env, ctx.renderer, ctx.search, question)
