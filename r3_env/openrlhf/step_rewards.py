@@ -159,6 +159,9 @@ class _PatchAfterExec(importlib.abc.Loader):
         self.loader.exec_module(module)
         _patch(module)
 
+    def __getattr__(self, name: str):  # get_source, get_filename, ...: the wrapped loader's
+        return getattr(self.loader, name)
+
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):
     """Patches OpenRLHF's trainer modules when, and only if, a process imports them."""
