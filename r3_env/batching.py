@@ -54,9 +54,6 @@ class Coalescer(Generic[Item, Result]):
             self._timer = loop.call_later(self.max_wait_s, self._flush)
         return await future
 
-    async def submit_many(self, items: Sequence[Item]) -> list[Result]:
-        return list(await asyncio.gather(*(self.submit(item) for item in items)))
-
     def _flush(self) -> None:
         if self._timer is not None:
             self._timer.cancel()

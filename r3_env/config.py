@@ -153,23 +153,33 @@ def configs_from_args(
     if skipped:
         logging.getLogger(__name__).info("%s: ignoring %s (not used by r3rag)", path, ", ".join(skipped))
         values = {key: value for key, value in values.items() if key not in ignored}
+    return configs_from_values(values, sections, args, where=path or "invalid option")
+
+
+def configs_from_values(
+    values: dict[str, Any],
+    sections: list[tuple[str, type]],
+    args: argparse.Namespace | None = None,
+    where: str = "config",
+) -> list[Any]:
+    """One config per (prefix, class) from a mapping of sections (and flags in ``args``, which win)."""
     nested = {prefix.rstrip("."): cls for prefix, cls in sections if prefix}
     allowed = set(nested) | {f.name for prefix, cls in sections if not prefix for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - allowed)
     if unknown:
-        raise ConfigError(f"{path}: unknown key {unknown[0]!r}; valid keys: {', '.join(sorted(allowed))}")
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r}; valid keys: {', '.join(sorted(allowed))}")
     configs = []
     for prefix, cls in sections:
         name = prefix.rstrip(".")
         if prefix:
             section = values.get(name) or {}
             if not isinstance(section, dict):
-                raise ConfigError(f"{path}: '{name}' must be a mapping of {name} settings")
-            where = f"{path or 'invalid option'} ({name})"
+                raise ConfigError(f"{where}: '{name}' must be a mapping of {name} settings")
+            section_where = f"{where} ({name})"
         else:
             section = {key: value for key, value in values.items() if key not in nested}
-            where = path or "invalid option"
-        configs.append(build_config(cls, args, prefix=prefix, file_values=section, where=where))
+            section_where = where
+        configs.append(build_config(cls, args, prefix=prefix, file_values=section, where=section_where))
     return configs
 
 

@@ -75,8 +75,6 @@ class HFEngine:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self._queue: list[_Request] = []
         self._worker: asyncio.Task | None = None
-        self.batches = 0
-        self.requests = 0
 
     @classmethod
     def from_pretrained(cls, path: str, **options: Any) -> HFEngine:
@@ -118,8 +116,6 @@ class HFEngine:
         import torch
         from transformers import LogitsProcessorList
 
-        self.batches += 1
-        self.requests += len(batch)
         params = batch[0].params
         width = max(len(r.prompt) for r in batch)
         input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -23,6 +24,12 @@ import orjson
 logger = logging.getLogger(__name__)
 
 TRANSPORT_ERRORS = (httpx.TransportError, aiohttp.ClientError, asyncio.TimeoutError)
+
+
+def bearer_headers(api_key: str | None, env_var: str) -> dict[str, str]:
+    """The Authorization header for ``api_key``, or ``$env_var`` when it is None; none without a key."""
+    api_key = api_key if api_key is not None else os.environ.get(env_var)
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 @dataclass(frozen=True)

@@ -9,14 +9,13 @@ the server itself could not be used.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from r3_env.http_retry import AsyncHTTP, RequestFailed, RetryPolicy, asend_with_retries
+from r3_env.http_retry import AsyncHTTP, RequestFailed, RetryPolicy, asend_with_retries, bearer_headers
 
 # The bearer token of the reward server, read by the server and this client alike.
 API_KEY_ENV = "R3RAG_REWARD_API_KEY"
@@ -57,9 +56,7 @@ class AsyncRewardClient:
         self.url = url.rstrip("/")
         self.policy = RetryPolicy(retries=retries, backoff=backoff)
         self.max_batch = max_batch
-        api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = AsyncHTTP(timeout, headers, max_connections)
+        self._http = AsyncHTTP(timeout, bearer_headers(api_key, API_KEY_ENV), max_connections)
 
     async def relevance(self, items: Sequence[dict[str, Any]]) -> list[Judgement]:
         """Items: ``{"question", "analysis", "query", "documents": [text, ...]}``; a score in [0, 1] each."""

@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from r3_env.answers import answer_matches, clean_answer
 from r3_env.batching import Coalescer
-from r3_env.config import ConfigError, build_config, load_yaml
+from r3_env.config import ConfigError, configs_from_values, load_yaml
 from r3_env.data import JsonlWriter, Label, read_label
 from r3_env.env import EnvConfig, RetrievalEnv, StepKind, StepRecord
 from r3_env.protocol import ChatRenderer
@@ -110,16 +110,9 @@ class RolloutConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], where: str = "rollout config") -> RolloutConfig:
-        unknown = sorted(set(values) - set(SECTIONS))
-        if unknown:
-            raise ConfigError(f"{where}: unknown section {unknown[0]!r}; valid sections: {', '.join(SECTIONS)}")
-        sections = {}
-        for name, section_cls in SECTIONS.items():
-            section = values.get(name) or {}
-            if not isinstance(section, dict):
-                raise ConfigError(f"{where}: '{name}' must be a mapping of {name} settings")
-            sections[name] = build_config(section_cls, file_values=section, where=f"{where} ({name})")
-        return cls(**sections)
+        return cls(
+            *configs_from_values(values, [(f"{name}.", section) for name, section in SECTIONS.items()], where=where)
+        )
 
     @classmethod
     def from_environment(cls) -> RolloutConfig:
@@ -155,9 +148,13 @@ class RolloutStats:
 
     episodes: int = 0
     generation_s: float = 0.0  # awaiting the engine
-    environment_s: float = 0.0  # parsing, retrieval, rendering, tokenizing feedback, scoring
     wall_s: float = 0.0  # sum of episode wall times
     service_failures: int = 0
+
+    @property
+    def environment_s(self) -> float:
+        """Parsing, retrieval, rendering, tokenizing feedback, scoring: everything but generation."""
+        return self.wall_s - self.generation_s
 
     @property
     def environment_share(self) -> float:
@@ -343,7 +340,6 @@ async def _generate_and_act(
     timing: dict[str, float],
 ) -> None:
     tokenizer, stop_ids = ctx.tokenizer, ctx.renderer.stop_token_ids
-    attempts = 0
     while not env.done:
         budget = min(ctx.config.env.max_step_tokens, max_length - len(traj.tokens))
         if budget <= 0:  # out of context: the episode ends without an answer
@@ -353,7 +349,6 @@ async def _generate_and_act(
         started = time.perf_counter()
         output = (await engine.generate(traj.tokens, _stop_params(sampling_params, stop_ids, budget))).outputs[0]
         timing["generation"] += time.perf_counter() - started
-        attempts += 1
         action_tokens = list(output.token_ids)
         ended_turn = bool(action_tokens) and action_tokens[-1] in stop_ids
         # finished: the turn's end token, or another stop (the model's EOS, a stop string)
@@ -381,7 +376,6 @@ async def _generate_and_act(
             traj.judging.append((step, asyncio.ensure_future(ctx.relevance_batcher.submit(item))))
         if result.feedback:
             traj.add_feedback(tokenizer(result.feedback, add_special_tokens=False)["input_ids"])
-    timing["attempts"] = float(attempts)
 
 
 async def _collect_relevance(traj: _Trajectory) -> None:
@@ -520,7 +514,6 @@ async def run_episode(
     stats.episodes += 1
     stats.wall_s += wall
     stats.generation_s += timing["generation"]
-    stats.environment_s += wall - timing["generation"]
     score = _score_value(ctx, outcome_name, info, parsed_label)
     steps = [s.to_json() for s in env.steps]
     record = {

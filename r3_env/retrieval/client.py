@@ -10,7 +10,6 @@ raised at once with the service's explanation. The bearer token defaults to
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -19,7 +18,15 @@ import httpx
 import orjson
 
 from r3_env.data import Passage
-from r3_env.http_retry import AsyncHTTP, Reply, RequestFailed, RetryPolicy, asend_with_retries, send_with_retries
+from r3_env.http_retry import (
+    AsyncHTTP,
+    Reply,
+    RequestFailed,
+    RetryPolicy,
+    asend_with_retries,
+    bearer_headers,
+    send_with_retries,
+)
 from r3_env.retrieval.base import Hit, Retriever, check_k
 
 # The bearer token of the retrieval service, read by the service and the clients alike.
@@ -66,8 +73,7 @@ class _Base:
         self.url = url.rstrip("/")
         self.timeout_s = timeout
         self.policy = RetryPolicy(retries=retries, backoff=backoff)
-        api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.headers = bearer_headers(api_key, API_KEY_ENV)
         self.max_batch = max_batch
         self.max_connections = max_connections
 
