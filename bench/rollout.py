@@ -50,6 +50,7 @@ from conftest import (  # noqa: E402
     answer_step,
     make_tokenizer,
     query_step,
+    query_step_pattern,
     save_tiny_causal_lm,
     train_bpe,
 )
@@ -69,20 +70,19 @@ def plans(rows: list[dict]) -> dict[str, list[str]]:
     return steps
 
 
-QUERY_STEP = r"The problem analysis: [a-z]{2,8}( [a-z]{2,8}){0,6}\nThe retrieval query: [a-z]{2,8}( [a-z]{2,8}){0,3}"
+QUERY_STEP = query_step_pattern(analysis_words=7, query_words=4)
 
 
 class VLLMEngine:
     """OpenRLHF's ``generate(token_ids, sampling_params)`` contract over vLLM's AsyncLLMEngine (as its actor has)."""
 
     def __init__(self, llm) -> None:
-        self.llm, self.requests = llm, 0
+        self.llm = llm
 
     async def generate(self, prompt_token_ids, sampling_params, **_):
         from vllm.inputs import TokensPrompt
         from vllm.utils import random_uuid
 
-        self.requests += 1
         final = None
         async for output in self.llm.generate(
             TokensPrompt(prompt_token_ids=list(prompt_token_ids)), sampling_params, request_id=random_uuid()

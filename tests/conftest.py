@@ -320,6 +320,43 @@ class InThreadServer:
 # -- scripted policies ----------------------------------------------------------------------------------
 
 
+STEP_FORMAT = "r3"  # the format the scripted steps are written in, through r3_env.protocol
+
+
+def query_step(analysis: str, query: str) -> str:
+    from r3_env.protocol import Step, get_format
+
+    return get_format(STEP_FORMAT).render_step(Step(analysis, query=query))
+
+
+def answer_step(analysis: str, answer: str) -> str:
+    from r3_env.protocol import Step, get_format
+
+    return get_format(STEP_FORMAT).render_step(Step(analysis, answer=answer))
+
+
+def query_step_pattern(analysis_words: int, query_words: int) -> str:
+    """A regex of well-formed query steps of lowercase words (for vLLM's structured outputs)."""
+    import re
+
+    def words(most: int) -> str:
+        return "[a-z]{2,8}( [a-z]{2,8}){0," + str(most - 1) + "}"
+
+    text = query_step("ANALYSISSLOT", "QUERYSLOT")  # only regex metacharacters escaped: grammar engines vary
+    escaped = re.sub(r"([.^$*+?{}\[\]\\|()])", r"\\\1", text).replace("\n", "\\n")
+    return escaped.replace("ANALYSISSLOT", words(analysis_words)).replace("QUERYSLOT", words(query_words))
+
+
+def documents_shown(text: str) -> int:
+    """How many document turns a transcript holds (the environment's turns so far)."""
+    from r3_env.protocol import get_format
+
+    step_format, turns = get_format(STEP_FORMAT), 0
+    while step_format.render_documents([], turns + 1, 1).split("\n")[0] in text:
+        turns += 1
+    return turns
+
+
 class Script:
     """Steps for HFEngine's constrained decoding: ``plans[question]`` lists the step texts, one per turn.
 
@@ -337,18 +374,10 @@ class Script:
         if question is None:
             return None
         plan = self.plans[question]
-        turn = text.count("Retrieved documents for step")
+        turn = documents_shown(text)
         step = plan[min(turn, len(plan) - 1)]
         if isinstance(step, list):  # several attempts at this turn (format regeneration)
             attempt = self.attempts.get((question, turn), 0)
             self.attempts[(question, turn)] = attempt + 1
             step = step[min(attempt, len(step) - 1)]
         return self.tokenizer(step, add_special_tokens=False)["input_ids"]
-
-
-def query_step(analysis: str, query: str) -> str:
-    return f"The problem analysis: {analysis}\nThe retrieval query: {query}"
-
-
-def answer_step(analysis: str, answer: str) -> str:
-    return f"The problem analysis: {analysis}\nThe final answer: {answer}"

@@ -20,7 +20,16 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import CHATML_TEMPLATE, ROOT, ServiceProcess, make_tokenizer, save_tiny_causal_lm
+from conftest import (
+    CHATML_TEMPLATE,
+    ROOT,
+    Script,
+    ServiceProcess,
+    answer_step,
+    make_tokenizer,
+    query_step,
+    save_tiny_causal_lm,
+)
 
 STANDINS = str(ROOT / "tests" / "standins")
 if STANDINS not in sys.path:
@@ -195,17 +204,8 @@ def test_execute_as_the_rollout_actor_calls_it_then_per_step_returns_reach_the_t
     model = AutoModelForCausalLM.from_pretrained(save_tiny_causal_lm(tmp_path / "policy", tokenizer))
     row = services["rows"][0]
     first, second = (d["question"] for d in row["metadata"]["question_decomposition"])
-    steps = [
-        f"The problem analysis: start\nThe retrieval query: {first}",
-        f"The problem analysis: next\nThe retrieval query: {second}",
-        f"The problem analysis: done\nThe final answer: {row['golden_answers'][0]}",
-    ]
-
-    def script(prompt_ids):
-        turn = tokenizer.decode(prompt_ids).count("Retrieved documents for step")
-        return tokenizer(steps[min(turn, 2)], add_special_tokens=False)["input_ids"]
-
-    engine = HFEngine(model, tokenizer, script=script)
+    steps = [query_step("start", first), query_step("next", second), answer_step("done", row["golden_answers"][0])]
+    engine = HFEngine(model, tokenizer, script=Script(tokenizer, {row["question"]: steps}))
     overrides = {"services.retriever_url": services["retriever"].url, "services.reward_url": services["reward"].url}
     monkeypatch.setenv("R3RAG_AGENT_OVERRIDES", json.dumps(overrides))
     monkeypatch.delenv("R3RAG_AGENT_CONFIG", raising=False)

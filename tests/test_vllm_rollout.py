@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 import yaml
-from conftest import CHATML_TEMPLATE, ROOT, ServiceProcess, make_tokenizer, save_tiny_causal_lm
+from conftest import CHATML_TEMPLATE, ROOT, ServiceProcess, make_tokenizer, query_step_pattern, save_tiny_causal_lm
 
 from r3_env.openrlhf.step_rewards import SETUP_HOOK
 from r3_env.retrieval.index_builder import IndexBuildConfig, build_index
@@ -21,7 +21,7 @@ from r3_env.world.build import WorldConfig, generate_world
 
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 # Well-formed query steps only: every episode retrieves until max_steps (the random model never answers).
-QUERY_STEP = r"The problem analysis: [a-z]{2,8}( [a-z]{2,8}){0,3}\nThe retrieval query: [a-z]{2,8}( [a-z]{2,8}){0,2}"
+QUERY_STEP = query_step_pattern(analysis_words=4, query_words=3)
 
 
 @pytest.mark.slow
