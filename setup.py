@@ -116,6 +116,7 @@ setup(
             "world = r3_env.world.cli:add_parser",
             "index = r3_env.retrieval.cli:add_index_parser",
             "retriever = r3_env.retrieval.cli:add_retriever_parser",
+            "coldstart = r3_env.coldstart.cli:add_parser",
             "reward = reward_server.cli:add_parser",
         ],
     },

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from r3_env.data import Passage
-from r3_env.protocol import ChatRenderer, FormatError, FormatReason, Step
+from r3_env.protocol import FormatError, FormatReason, MessageRenderer, Step
 from r3_env.retrieval.base import Hit
 
 # One query in, its top-k hits out (a coalesced call to the retrieval service, or an in-process retriever).
@@ -92,12 +92,16 @@ class StepResult:
 
 
 class RetrievalEnv:
-    """One episode. Not reusable: make one per rollout."""
+    """One episode. Not reusable: make one per rollout.
+
+    With a :class:`ChatRenderer` the prompt and feedback are template text for a token-space policy;
+    with a :class:`MessageRenderer` they are the contents of chat turns for a chat API.
+    """
 
     def __init__(
         self,
         config: EnvConfig,
-        renderer: ChatRenderer,
+        renderer: MessageRenderer,
         search: SearchFn,
         question: str,
     ) -> None:

@@ -9,12 +9,13 @@ the server itself could not be used.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from r3_env.answers import answer_matches, clean_answer
 from r3_env.http_retry import AsyncHTTP, RequestFailed, RetryPolicy, asend_with_retries, bearer_headers
 
 # The bearer token of the reward server, read by the server and this client alike.
@@ -93,3 +94,24 @@ class AsyncRewardClient:
 
     async def aclose(self) -> None:
         await self._http.close()
+
+
+async def check_answer(
+    question: str,
+    answer: str | None,
+    golden_answers: Sequence[str],
+    judge: Callable[[dict[str, Any]], Awaitable[Judgement]] | None = None,
+) -> Judgement:
+    """Is ``answer`` correct? A string match first (free); the judge only for what does not match.
+
+    ``judge`` takes one ``/correctness`` item (a coalesced call to the reward server); without one a
+    mismatch is simply wrong. An empty answer is wrong without asking anyone.
+    """
+    prediction = clean_answer(answer or "")
+    if not prediction:
+        return Judgement(0.0, method="empty")
+    if answer_matches(prediction, golden_answers):
+        return Judgement(1.0, method="match")
+    if judge is None:
+        return Judgement(0.0, method="match")
+    return await judge({"question": question, "prediction": prediction, "golden_answers": list(golden_answers)})

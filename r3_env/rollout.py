@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from r3_env.answers import answer_matches, clean_answer
 from r3_env.batching import Coalescer
 from r3_env.config import ConfigError, configs_from_values, load_yaml
 from r3_env.data import JsonlWriter, Label, read_label
@@ -34,7 +33,7 @@ from r3_env.env import EnvConfig, RetrievalEnv, StepKind, StepRecord
 from r3_env.protocol import ChatRenderer
 from r3_env.retrieval.base import Hit
 from r3_env.retrieval.client import AsyncRetrievalClient, RetrievalServiceError
-from r3_env.reward_client import AsyncRewardClient, Judgement, RewardServiceError
+from r3_env.reward_client import AsyncRewardClient, Judgement, RewardServiceError, check_answer
 from r3_env.rewards import Episode, Outcome, RewardScheme, get_scheme
 
 logger = logging.getLogger(__name__)
@@ -385,16 +384,6 @@ async def _collect_relevance(traj: _Trajectory) -> None:
         step.relevance_fallback = judgement.fallback
 
 
-async def _correctness(ctx: RolloutContext, env: RetrievalEnv, label: Label) -> Judgement:
-    prediction = clean_answer(env.answer or "")
-    if not prediction:
-        return Judgement(0.0, method="empty")
-    if answer_matches(prediction, label.golden_answers):
-        return Judgement(1.0, method="match")
-    item = {"question": env.question, "prediction": prediction, "golden_answers": label.golden_answers}
-    return await ctx.correctness_batcher.submit(item)
-
-
 def _mean_pairwise_cosine(ctx: RolloutContext, queries: list[str]) -> float:
     import numpy as np
 
@@ -417,7 +406,7 @@ async def _score(
         outcome = Outcome.WRONG  # decided below when the scheme needs correctness
     verdict = None
     if outcome is Outcome.WRONG and scheme.needs_correctness:
-        verdict = await _correctness(ctx, env, label)
+        verdict = await check_answer(env.question, env.answer, label.golden_answers, ctx.correctness_batcher.submit)
         outcome = Outcome.CORRECT if verdict.score >= 0.5 else Outcome.WRONG
     await _collect_relevance(traj)
     queries = [s for s in env.steps if s.kind is StepKind.QUERY]

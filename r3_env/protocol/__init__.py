@@ -29,6 +29,7 @@ from r3_env.protocol.chat import (
     ChatFrame,
     ChatRenderer,
     ChatTemplateError,
+    MessageRenderer,
     ResponseTurn,
     build_messages,
 )
@@ -85,6 +86,7 @@ __all__ = [
     "ChatTemplateError",
     "FormatError",
     "FormatReason",
+    "MessageRenderer",
     "ResponseTurn",
     "Step",
     "StepFormat",

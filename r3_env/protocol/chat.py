@@ -188,7 +188,46 @@ def _leading_special_token(tokenizer: Any, text: str) -> str | None:
     return None
 
 
-class ChatRenderer:
+class MessageRenderer:
+    """Renders an episode as chat messages, for models behind a chat API (a teacher LLM, an OpenAI endpoint).
+
+    It offers what :class:`r3_env.env.RetrievalEnv` asks of a renderer, with the contents of turns
+    instead of template text: ``prompt`` is the first user turn, ``observation`` the user turn that
+    shows the documents. The endpoint applies its own chat template.
+    """
+
+    def __init__(
+        self,
+        step_format: str | StepFormat = "r3",
+        doc_chars: int = 512,
+        observation_role: str = "user",
+        system_prompt: str | None = None,
+    ) -> None:
+        if doc_chars <= 0:
+            raise ValueError(f"doc_chars must be positive, got {doc_chars}")
+        self.format = get_format(step_format)
+        self.doc_chars = doc_chars
+        self.observation_role = observation_role
+        self.system_prompt = system_prompt if system_prompt is not None else self.format.system_prompt()
+        self.system_in_user = False  # a chat template without a system role: instructions lead the question
+
+    def messages(self, question: str, turns: Sequence[Turn] = ()) -> list[dict[str, str]]:
+        """The conversation as chat messages (for chat endpoints and SFT files)."""
+        return build_messages(
+            question, turns, self.format, self.doc_chars, self.observation_role, self.system_prompt, self.system_in_user
+        )
+
+    def prompt(self, question: str) -> str:
+        return self.format.render_question(question)
+
+    def step(self, step: Step) -> str:
+        return self.format.render_step(step)
+
+    def observation(self, documents: Sequence[Passage], step_number: int, *, action_closed: bool = True) -> str:
+        return self.format.render_documents(documents, step_number, self.doc_chars)
+
+
+class ChatRenderer(MessageRenderer):
     """Renders prompts, steps and document turns for one tokenizer and one step format.
 
     ``chat_template``: "auto" (the tokenizer's own template, or the plain one if it has none),
@@ -204,13 +243,8 @@ class ChatRenderer:
         observation_role: str = "user",
         system_prompt: str | None = None,
     ) -> None:
-        if doc_chars <= 0:
-            raise ValueError(f"doc_chars must be positive, got {doc_chars}")
+        super().__init__(step_format, doc_chars, observation_role, system_prompt)
         self.tokenizer = tokenizer
-        self.format = get_format(step_format)
-        self.doc_chars = doc_chars
-        self.observation_role = observation_role
-        self.system_prompt = system_prompt if system_prompt is not None else self.format.system_prompt()
         if chat_template == "plain" or (chat_template == "auto" and not getattr(tokenizer, "chat_template", None)):
             if chat_template == "auto":
                 logger.info("tokenizer has no chat template; using the plain template")
@@ -225,23 +259,12 @@ class ChatRenderer:
         else:
             self.template = chat_template
         self.frame = measure_frame(tokenizer, self.template, observation_role)
+        self.system_in_user = self.frame.system_in_user
 
     @property
     def stop_token_ids(self) -> list[int]:
         """The token id(s) that end a step: give them to the engine's sampling params."""
         return [self.tokenizer.convert_tokens_to_ids(self.frame.turn_end)]
-
-    def messages(self, question: str, turns: Sequence[Turn] = ()) -> list[dict[str, str]]:
-        """The conversation as chat messages (for OpenAI-compatible endpoints and SFT files)."""
-        return build_messages(
-            question,
-            turns,
-            self.format,
-            self.doc_chars,
-            self.observation_role,
-            self.system_prompt,
-            self.frame.system_in_user,
-        )
 
     def prompt(self, question: str) -> str:
         """The first observation: instructions and question, ending with the assistant generation prompt."""

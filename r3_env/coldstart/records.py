@@ -1,0 +1,56 @@
+"""The trajectory record: one JSON line per synthesised sample, and the turns it stands for.
+
+A record keeps each step's analysis, its query or answer, and the full documents shown after it,
+so SFT data can be rendered later at any ``doc_chars`` in any chat template. Example::
+
+    {"id": "hotpotqa/q17#2", "question_id": "q17", "dataset": "hotpotqa", "sample": 2,
+     "temperature": 1.0, "question": "...", "golden_answers": ["..."], "outcome": "correct",
+     "verdict": "match", "answer": "...", "num_steps": 3,
+     "steps": [{"analysis": "...", "query": "...", "documents": [{"id": "..", "contents": "title\\ntext"}]},
+               ..., {"analysis": "...", "answer": "..."}],
+     "usage": {"requests": 3, "prompt_tokens": 2310, "completion_tokens": 180}, "teacher": "deepseek-chat"}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from r3_env.data import Passage
+from r3_env.env import RetrievalEnv, StepKind
+from r3_env.protocol import Step, Turn
+
+
+def steps_json(env: RetrievalEnv) -> list[dict[str, Any]]:
+    """The well-formed steps of a finished episode, each query with the documents retrieved for it."""
+    rows: list[dict[str, Any]] = []
+    documents = iter(env.documents)
+    for record in env.steps:
+        if record.kind is StepKind.QUERY:
+            docs = next(documents)
+            rows.append({"analysis": record.analysis, "query": record.query, "documents": [p.to_json() for p in docs]})
+        elif record.kind is StepKind.ANSWER:
+            rows.append({"analysis": record.analysis, "answer": record.answer})
+    return rows
+
+
+def turns_of(row: dict[str, Any], where: str = "trajectory") -> list[Turn]:
+    """The turns of a record's ``steps``; ValueError naming the step and field when malformed."""
+    steps = row.get("steps")
+    if not isinstance(steps, list) or not steps:
+        raise ValueError(f"{where}: 'steps' must be a non-empty list of steps")
+    turns = []
+    for number, step in enumerate(steps, start=1):
+        try:
+            parsed = Step(step["analysis"], query=step.get("query"), answer=step.get("answer"))
+            documents: Sequence[Passage] = tuple(
+                Passage(str(doc["id"]), str(doc["contents"])) for doc in step.get("documents") or ()
+            )
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(
+                f"{where}: step {number} is malformed ({error}); expected analysis and query or answer"
+            ) from None
+        turns.append(Turn(parsed, documents))
+    if any(turn.step.is_final for turn in turns[:-1]):
+        raise ValueError(f"{where}: only the last step may hold the final answer")
+    return turns

@@ -1,0 +1,167 @@
+"""A scripted teacher for the synthetic world: it follows each question's gold decomposition.
+
+It reads what a careful annotator would: the question's single-hop sub-questions
+(``metadata.question_decomposition``, with the passage stating each answer) and the documents
+actually shown so far. Each step it
+
+- queries for the first sub-question whose passage has not been shown yet, in one of several
+  wordings (the sub-question itself, "subject relation", "relation of subject");
+- rephrases when the documents missed it;
+- answers once every passage stating a needed fact has been shown, combining the facts.
+
+A share of trajectories (``detour_rate``) start with the whole question as the query, which is too
+broad; the next step says so and splits it, as in the paper's case study. The teacher only answers
+from what was retrieved: when the step budget runs out first it answers "unknown", and rejection
+sampling drops the trajectory. Its acceptance rate therefore measures whether the world's questions can be
+solved step by step with the configured retriever, not a copy of the gold answer.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from dataclasses import dataclass
+
+from r3_env.coldstart.teacher import Teacher, TeacherConfig, TeacherReply, TeacherRequest
+from r3_env.protocol import Step, get_format
+
+# How the world's relation names read in a sentence ("the founder of X", not "the founded by of X").
+NOUNS = {
+    "place of birth": "birthplace",
+    "cast member": "lead actor",
+    "production company": "production company",
+    "publication date": "release year",
+    "founded by": "founder",
+    "headquarters location": "headquarters",
+    "inception": "founding year",
+}
+
+
+@dataclass(frozen=True)
+class SubQuestion:
+    question: str
+    answer: str
+    passage_id: str
+    subject: str
+    relation: str
+
+    @property
+    def noun(self) -> str:
+        return NOUNS.get(self.relation, self.relation)
+
+    def queries(self) -> list[str]:
+        """Wordings of a query for this fact, the sub-question first."""
+        return [self.question, f"{self.subject} {self.noun}", f"{self.noun} of {self.subject}"]
+
+
+OPENINGS = (
+    "The question needs several facts that depend on each other. The first one I need is: {sub}",
+    "To answer this I have to break the question into simpler parts. I will start with: {sub}",
+    "Nothing has been retrieved yet. The first missing piece of information is: {sub}",
+)
+BROAD = (
+    "The question involves several facts; let me first search for it as a whole.",
+    "I will begin with a search for the whole question and see what it returns.",
+)
+AFTER_BROAD = (
+    "The documents for my last query do not answer it as a whole: that query was too broad. I will split it "
+    "and first ask: {sub}",
+    "The last search was too broad; its documents do not match the question directly. Splitting it, the first "
+    "piece I need is: {sub}",
+)
+FOUND = (
+    "The documents state that the {relation} of {subject} is {answer}. Next I need: {sub}",
+    "From the retrieved passage about {subject}: {relation} is {answer}. The remaining missing piece is: {sub}",
+    "Now I know that {answer} is the {relation} of {subject}. I still need: {sub}",
+)
+MISSED = (
+    "None of the documents gives the {relation} of {subject}. I will rephrase the query.",
+    "The retrieved documents do not mention the {relation} of {subject}; let me search with different words.",
+)
+FINAL = (
+    "I now have every piece: {facts}. Therefore the answer is {answer}.",
+    "Combining the evidence ({facts}), the answer to the question is {answer}.",
+    "From the documents: {facts}. So the answer is {answer}.",
+)
+GIVE_UP = (
+    "I could not find the {missing} in the documents, and another search would not be shown to me. "
+    "I cannot determine the answer.",
+)
+
+
+def decomposition(request: TeacherRequest) -> list[SubQuestion]:
+    """The item's gold sub-questions; ValueError naming the field when it has none."""
+    metadata = request.item.metadata
+    hops = metadata.get("question_decomposition")
+    if not isinstance(hops, list) or not hops:
+        raise ValueError(
+            f"question {request.item.id!r}: the scripted teacher follows metadata.question_decomposition "
+            "(the synthetic world writes it); this dataset has none, so use --teacher.kind openai"
+        )
+    evidences = metadata.get("evidences") or []
+    subs = []
+    for index, hop in enumerate(hops):
+        evidence = evidences[index] if index < len(evidences) else ["", "", ""]
+        subs.append(
+            SubQuestion(
+                str(hop["question"]), str(hop["answer"]), str(hop["passage_id"]), str(evidence[0]), str(evidence[1])
+            )
+        )
+    return subs
+
+
+class ScriptedTeacher(Teacher):
+    name = "scripted"
+
+    def __init__(self, config: TeacherConfig, step_format: str = "r3") -> None:
+        self.config = config
+        self.format = get_format(step_format)
+
+    async def next_step(self, request: TeacherRequest) -> TeacherReply:
+        return TeacherReply(self.format.render_step(self.plan(request)))
+
+    def plan(self, request: TeacherRequest) -> Step:
+        subs = decomposition(request)
+        turns = request.turns
+        key = f"{self.config.seed}/{request.item.id}/{request.sample}/{len(turns)}"
+        rng = random.Random(zlib.crc32(key.encode()))
+        detour = random.Random(zlib.crc32(f"{self.config.seed}/{request.item.id}/{request.sample}".encode()))
+        shown = {doc.id for turn in turns for doc in turn.documents}
+        missing = [sub for sub in subs if sub.passage_id not in shown]
+        queries_left = request.max_steps - len(turns)
+
+        if not turns and len(subs) + 1 < request.max_steps and detour.random() < self.config.detour_rate:
+            return Step(rng.choice(BROAD), query=request.item.question)
+        if not missing:
+            facts = "; ".join(f"the {s.noun} of {s.subject} is {s.answer}" for s in subs)
+            answer = request.item.golden_answers[0]
+            return Step(rng.choice(FINAL).format(facts=facts, answer=answer), answer=answer)
+        target = missing[0]
+        if queries_left <= 1:  # another query would end the episode before its documents are shown
+            missing_fact = f"{target.noun} of {target.subject}"
+            return Step(rng.choice(GIVE_UP).format(missing=missing_fact), answer="unknown")
+
+        asked = [turn.step.query for turn in turns]
+        wordings = target.queries()
+        tried = [q for q in wordings if q in asked]
+        fresh = [q for q in wordings if q not in asked]
+        query = fresh[0] if not tried else rng.choice(fresh or wordings)
+        if not turns:
+            analysis = rng.choice(OPENINGS).format(sub=target.question)
+        elif turns[-1].step.query == request.item.question:
+            analysis = rng.choice(AFTER_BROAD).format(sub=target.question)
+        elif tried:
+            analysis = rng.choice(MISSED).format(relation=target.noun, subject=target.subject)
+        else:
+            last_shown = {doc.id for doc in turns[-1].documents}
+            found = [s for s in subs if s.passage_id in last_shown]
+            # what the last query was after, when it was found; else whatever else it turned up
+            found.sort(key=lambda s: turns[-1].step.query not in s.queries())
+            analysis = (
+                rng.choice(FOUND).format(
+                    relation=found[0].noun, subject=found[0].subject, answer=found[0].answer, sub=target.question
+                )
+                if found
+                else rng.choice(OPENINGS).format(sub=target.question)
+            )
+        return Step(analysis, query=query)

@@ -1,0 +1,474 @@
+"""Algorithm 1: synthesise cold-start trajectories with a teacher, keep the correct ones, best-of-N.
+
+For each question and each of ``samples`` draws (temperatures cycled from ``temperatures``), the
+teacher writes one step at a time; :class:`r3_env.env.RetrievalEnv` parses it, retrieves for a
+query and shows the documents, exactly as in RL. An answer ends the trajectory; a step that does
+not parse ends it as invalid; ``env.max_steps`` retrievals without an answer end it unanswered.
+The answer is checked by string match, then by the reward server's judge when ``judge.url`` is set.
+
+Outputs in ``out`` (append-only and resumable: rerun the same command after a kill):
+
+- ``samples.jsonl``: every finished sample, correct or not (see :mod:`r3_env.coldstart.records`);
+- ``trajectories.jsonl``: best-of-N per question: correct, well formed, fewest steps (ties: the
+  earliest sample), rebuilt from all samples at the end of every run;
+- ``summary.json``: outcomes, acceptance rate, steps and teacher usage per dataset.
+
+A sample whose teacher or service call fails for good is not written, so the next run retries it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from r3_env.batching import Coalescer
+from r3_env.coldstart.records import steps_json
+from r3_env.coldstart.teacher import Teacher, TeacherConfig, TeacherError, TeacherRequest, make_teacher
+from r3_env.config import configs_from_values, load_yaml
+from r3_env.data import JsonlWriter, QAItem, existing_ids, iter_jsonl, read_dataset, write_jsonl
+from r3_env.env import EnvConfig, RetrievalEnv
+from r3_env.protocol import MessageRenderer, Step, Turn
+from r3_env.retrieval.base import Hit
+from r3_env.retrieval.client import RetrievalServiceError
+from r3_env.reward_client import AsyncRewardClient, Judgement, RewardServiceError, check_answer
+from r3_env.rewards import Outcome
+
+logger = logging.getLogger(__name__)
+
+FAILURES = (TeacherError, RetrievalServiceError, RewardServiceError)
+MANIFEST = "synth.json"
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    """What to synthesise and where."""
+
+    data: str = field(default="", metadata={"help": "FlashRAG dataset .jsonl files, comma-separated"})
+    out: str = field(default="runs/coldstart", metadata={"help": "output folder (resumable)"})
+    samples: int = field(default=4, metadata={"help": "samples per question (best-of-N)"})
+    temperatures: str = field(default="0.8,0.6,1.0", metadata={"help": "sampling temperatures, cycled over samples"})
+    max_questions: int = field(default=0, metadata={"help": "first N questions of each dataset (0: all)"})
+    concurrency: int = field(default=16, metadata={"help": "samples in flight"})
+    abort_after_failures: int = field(
+        default=20, metadata={"help": "stop when this many samples in a row fail for good (teacher or service)"}
+    )
+    step_format: str = field(default="r3", metadata={"help": "step format the teacher writes"})
+
+    def __post_init__(self) -> None:
+        if not self.data:
+            raise ValueError("data is required: one or more FlashRAG dataset files, comma-separated")
+        if self.samples < 1 or self.concurrency < 1 or self.abort_after_failures < 1:
+            raise ValueError("samples, concurrency and abort_after_failures must be at least 1")
+        if self.max_questions < 0:
+            raise ValueError(f"max_questions must be 0 or more, got {self.max_questions}")
+        self.temperature_list()
+
+    def temperature_list(self) -> list[float]:
+        try:
+            values = [float(part) for part in self.temperatures.split(",") if part.strip()]
+        except ValueError:
+            raise ValueError(f"temperatures must be numbers separated by commas, got {self.temperatures!r}") from None
+        if not values or any(t < 0 for t in values):
+            raise ValueError(f"temperatures must be one or more numbers >= 0, got {self.temperatures!r}")
+        return values
+
+    def paths(self) -> list[Path]:
+        return [Path(part.strip()) for part in self.data.split(",") if part.strip()]
+
+
+@dataclass(frozen=True)
+class RetrievalSource:
+    """Where documents come from: the retrieval service, or a retriever loaded in this process."""
+
+    url: str = field(default="", metadata={"help": "retrieval service URL (r3rag retriever serve)"})
+    config: str = field(default="", metadata={"help": "or: a retriever YAML (as for r3rag retriever serve --config)"})
+    timeout_s: float = field(default=60.0, metadata={"help": "per request"})
+    retries: int = field(default=3, metadata={"help": "per request"})
+
+    def __post_init__(self) -> None:
+        if bool(self.url) == bool(self.config):
+            raise ValueError("give exactly one of retrieval.url (a running service) or retrieval.config (a YAML file)")
+
+
+@dataclass(frozen=True)
+class JudgeConfig:
+    """The correctness judge, for answers that do not match a golden answer as strings."""
+
+    url: str = field(default="", metadata={"help": "reward server URL (r3rag reward serve); empty: match only"})
+    timeout_s: float = field(default=300.0, metadata={"help": "per request"})
+    retries: int = field(default=3, metadata={"help": "per request"})
+
+
+SECTIONS = [("", SynthConfig), ("env.", EnvConfig), ("teacher.", TeacherConfig), ("retrieval.", RetrievalSource)]
+SECTIONS += [("judge.", JudgeConfig)]
+
+
+@dataclass(frozen=True)
+class Question:
+    dataset: str
+    item: QAItem
+
+    @property
+    def key(self) -> str:
+        return f"{self.dataset}/{self.item.id}"
+
+
+def load_questions(config: SynthConfig) -> list[Question]:
+    """The questions of every dataset file, named by their folder (FlashRAG layout: DATASET/split.jsonl)."""
+    paths = config.paths()
+    names = [path.parent.name or path.stem for path in paths]
+    if len(set(names)) < len(names):
+        names = [path.stem if names.count(name) > 1 else name for path, name in zip(paths, names, strict=True)]
+    if len(set(names)) < len(names):
+        raise ValueError(
+            f"data: {', '.join(map(str, paths))} do not have distinct names (their folder, else their file name); "
+            "give each dataset its own folder (FlashRAG layout: DATASET/split.jsonl) and list each once"
+        )
+    questions = []
+    for path, name in zip(paths, names, strict=True):
+        items = read_dataset(path)
+        if config.max_questions:
+            items = items[: config.max_questions]
+        questions += [Question(name, item) for item in items]
+        logger.info("%s: %d questions from %s", name, len(items), path)
+    return questions
+
+
+def fingerprint(config: SynthConfig, env: EnvConfig, teacher: TeacherConfig) -> dict[str, Any]:
+    """The settings that change what a sample means; a resumed run must not mix in others."""
+    return {
+        "env": asdict(env),
+        "step_format": config.step_format,
+        "temperatures": config.temperature_list(),
+        "teacher": {key: getattr(teacher, key) for key in ("kind", "model", "seed", "detour_rate", "max_tokens")},
+    }
+
+
+def _dotted(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            flat.update(_dotted(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def check_manifest(out: Path, settings: dict[str, Any]) -> None:
+    """Record the settings beside the samples, or refuse to add to samples made with other ones."""
+    manifest = out / MANIFEST
+    if manifest.exists() and existing_ids(out / "samples.jsonl"):
+        old = json.loads(manifest.read_text())
+        if old != settings:
+            before, now = _dotted(old), _dotted(settings)
+            keys = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+            changed = [f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in keys]
+            raise ValueError(
+                f"{out} holds samples made with other settings ({'; '.join(changed)}); "
+                f"choose another --out, or rerun with the settings recorded in {manifest}"
+            )
+        return
+    out.mkdir(parents=True, exist_ok=True)  # no sample yet: (re)record the settings
+    manifest.write_text(json.dumps(settings, indent=2) + "\n")
+
+
+class Synthesizer:
+    """Runs samples against one teacher, one retriever and (optionally) one judge, in one event loop."""
+
+    def __init__(
+        self,
+        config: SynthConfig,
+        env: EnvConfig,
+        teacher: Teacher,
+        retriever: Any,
+        judge: AsyncRewardClient | None = None,
+    ) -> None:
+        self.config, self.env, self.teacher = config, env, teacher
+        self.renderer = MessageRenderer(config.step_format, doc_chars=env.doc_chars)
+        self.temperatures = config.temperature_list()
+        self._search = Coalescer(
+            lambda queries: retriever.search(queries, env.topk), 64, 0.005, "retrieval", RetrievalServiceError
+        )
+        self._judge = (
+            Coalescer(lambda items: judge.correctness(items), 64, 0.005, "correctness", RewardServiceError)
+            if judge is not None
+            else None
+        )
+
+    async def search(self, query: str, k: int) -> list[Hit]:
+        """The episode's search: coalesced with other samples' queries (k is always env.topk)."""
+        return await self._search.submit(query)
+
+    async def sample(self, question: Question, index: int) -> dict[str, Any]:
+        """One trajectory for ``question``; raises one of FAILURES when the teacher or a service fails."""
+        item, temperature = question.item, self.temperatures[index % len(self.temperatures)]
+        env = RetrievalEnv(self.env, self.renderer, self.search, item.question)
+        turns: list[Turn] = []
+        usage = Counter()
+        invalid = None
+        while not env.done:
+            request = TeacherRequest(
+                self.renderer.messages(item.question, turns), temperature, item, turns, index, self.env.max_steps
+            )
+            reply = await self.teacher.next_step(request)
+            usage.update(requests=1, prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens)
+            result = await env.step(reply.text, closed=reply.finished)
+            record = env.steps[-1] if env.steps and not result.retry else None
+            if record is None:
+                continue
+            if record.query is not None:
+                turns.append(Turn(Step(record.analysis, query=record.query), result.documents))
+            elif record.format_error is not None:
+                invalid = {"output": record.action, "reason": record.format_error}
+        if invalid is not None:
+            outcome, verdict = Outcome.FORMAT_ERROR, None
+        elif env.answer is None:
+            outcome, verdict = Outcome.NO_ANSWER, None
+        else:
+            judge = self._judge.submit if self._judge is not None else None
+            verdict = await check_answer(item.question, env.answer, item.golden_answers, judge)
+            outcome = Outcome.CORRECT if verdict.score >= 0.5 else Outcome.WRONG
+        return self._row(question, index, temperature, env, outcome, verdict, invalid, usage)
+
+    def _row(
+        self,
+        question: Question,
+        index: int,
+        temperature: float,
+        env: RetrievalEnv,
+        outcome: Outcome,
+        verdict: Judgement | None,
+        invalid: dict | None,
+        usage: Counter,
+    ) -> dict[str, Any]:
+        steps = steps_json(env)
+        row = {
+            "id": f"{question.key}#{index}",
+            "question_id": question.item.id,
+            "dataset": question.dataset,
+            "sample": index,
+            "temperature": temperature,
+            "question": question.item.question,
+            "golden_answers": question.item.golden_answers,
+            "outcome": outcome.value,
+            "verdict": verdict.method if verdict else None,
+            "answer": env.answer,
+            "num_steps": len(steps) + (invalid is not None),
+            "steps": steps,
+            "format_retries": sum(step.format_retries for step in env.steps),
+            "usage": {key: usage[key] for key in ("requests", "prompt_tokens", "completion_tokens")},
+            "teacher": self.teacher.name,
+        }
+        if invalid is not None:
+            row["invalid"] = invalid
+        return row
+
+
+def best_of_n(samples: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per question (dataset/id): the correct sample with the fewest steps, the earliest on ties."""
+    best: dict[str, dict[str, Any]] = {}
+    for row in samples:
+        if row.get("outcome") != Outcome.CORRECT.value:
+            continue
+        key = f"{row['dataset']}/{row['question_id']}"
+        current = best.get(key)
+        if current is None or (row["num_steps"], row["sample"]) < (current["num_steps"], current["sample"]):
+            best[key] = row
+    return best
+
+
+def summarize(samples: list[dict[str, Any]], kept: dict[str, dict[str, Any]], questions: list[Question]) -> dict:
+    """Outcomes, acceptance and usage per dataset (over every sample in the file, earlier runs included)."""
+    by_dataset: dict[str, dict[str, Any]] = {}
+    asked = Counter(q.dataset for q in questions)
+    grouped: dict[str, list[dict]] = defaultdict(list)
+    for row in samples:
+        grouped[row["dataset"]].append(row)
+    for dataset in sorted(set(asked) | set(grouped)):
+        rows = grouped.get(dataset, [])
+        chosen = [row for row in kept.values() if row["dataset"] == dataset]
+        sampled = {row["question_id"] for row in rows}
+        outcomes = Counter(row["outcome"] for row in rows)
+        by_dataset[dataset] = {
+            "questions": asked.get(dataset, len(sampled)),
+            "questions_sampled": len(sampled),
+            "samples": len(rows),
+            "outcomes": dict(sorted(outcomes.items())),
+            "sample_accuracy": outcomes[Outcome.CORRECT.value] / len(rows) if rows else 0.0,
+            "trajectories": len(chosen),
+            "acceptance_rate": len(chosen) / len(sampled) if sampled else 0.0,
+            "mean_steps_kept": sum(row["num_steps"] for row in chosen) / len(chosen) if chosen else 0.0,
+            "verdicts": dict(sorted(Counter(row["verdict"] for row in rows if row["verdict"]).items())),
+            "requests": sum(row["usage"]["requests"] for row in rows),
+            "prompt_tokens": sum(row["usage"]["prompt_tokens"] for row in rows),
+            "completion_tokens": sum(row["usage"]["completion_tokens"] for row in rows),
+        }
+    return by_dataset
+
+
+@dataclass
+class RunStats:
+    """This run alone: what it sampled, what failed, how fast."""
+
+    todo: int = 0
+    done: int = 0
+    failed: int = 0
+    skipped: int = 0  # already in samples.jsonl from an earlier run
+    wall_s: float = 0.0
+    last_error: str = ""
+
+
+async def _run(
+    synth: Synthesizer, todo: list[tuple[Question, int]], writer: JsonlWriter, stats: RunStats, config: SynthConfig
+) -> None:
+    queue: asyncio.Queue[tuple[Question, int]] = asyncio.Queue()
+    for job in todo:
+        queue.put_nowait(job)
+    consecutive = 0
+    correct = 0
+    bar = tqdm(total=len(todo), desc="synthesis", unit=" samples", mininterval=1.0)
+    abort = asyncio.Event()
+
+    async def worker() -> None:
+        nonlocal consecutive, correct
+        while not queue.empty() and not abort.is_set():
+            question, index = queue.get_nowait()
+            try:
+                row = await synth.sample(question, index)
+            except FAILURES as error:
+                stats.failed += 1
+                consecutive += 1
+                stats.last_error = str(error)
+                logger.warning("%s#%d failed: %s", question.key, index, error)
+                if consecutive >= config.abort_after_failures and not queue.empty():
+                    abort.set()
+                bar.update()
+                continue
+            consecutive = 0
+            writer.write(row)
+            stats.done += 1
+            correct += row["outcome"] == Outcome.CORRECT.value
+            bar.update()
+            bar.set_postfix(correct=f"{correct / stats.done:.0%}", failed=stats.failed, refresh=False)
+
+    workers = [asyncio.create_task(worker()) for _ in range(min(config.concurrency, len(todo)) or 1)]
+    try:
+        await asyncio.gather(*workers)
+    except BaseException:  # a bug or an interrupt in one worker: stop the others before the files close
+        for task in workers:
+            task.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        raise
+    finally:
+        bar.close()
+    if abort.is_set():
+        raise TeacherError(
+            f"stopped after {config.abort_after_failures} samples in a row failed; last error: {stats.last_error}. "
+            f"The {stats.done} samples finished in this run are kept; rerun the same command to resume."
+        )
+
+
+def retriever_config(path: str) -> Any:
+    """The retriever of a YAML file written for ``r3rag retriever serve --config`` (its service keys are ignored)."""
+    from r3_env.retrieval.cli import SERVE_SECTIONS
+    from r3_env.retrieval.config import FLASHRAG_IGNORED_KEYS
+
+    values = {key: value for key, value in load_yaml(path).items() if key not in FLASHRAG_IGNORED_KEYS}
+    return configs_from_values(values, SERVE_SECTIONS, where=path)[0]
+
+
+async def synthesize(
+    config: SynthConfig,
+    env: EnvConfig,
+    teacher_config: TeacherConfig,
+    retrieval: RetrievalSource | None,
+    judge: JudgeConfig | None = None,
+    retriever: Any = None,
+    teacher: Teacher | None = None,
+) -> tuple[dict[str, Any], RunStats]:
+    """Run Algorithm 1 into ``config.out``; returns the summary (all samples so far) and this run's stats.
+
+    ``retriever``/``teacher`` may be given directly (an in-process retriever, a custom teacher);
+    by default they come from ``retrieval`` and ``teacher_config``.
+    """
+    out = Path(config.out)
+    check_manifest(out, fingerprint(config, env, teacher_config))
+    questions = load_questions(config)
+    samples_path = out / "samples.jsonl"
+    done = existing_ids(samples_path)
+    todo = [(q, k) for q in questions for k in range(config.samples) if f"{q.key}#{k}" not in done]
+    stats = RunStats(todo=len(todo), skipped=len(questions) * config.samples - len(todo))
+    if stats.skipped:
+        logger.info("resuming: %d samples already in %s, %d to go", stats.skipped, samples_path, len(todo))
+
+    owned = []
+    if retriever is None:
+        from r3_env.retrieval import open_async_retriever
+
+        if retrieval.url:
+            retriever = open_async_retriever(retrieval.url, timeout=retrieval.timeout_s, retries=retrieval.retries)
+        else:
+            retriever = open_async_retriever(config=retriever_config(retrieval.config))
+        owned.append(retriever)
+    if teacher is None:
+        teacher = make_teacher(teacher_config, max_connections=config.concurrency, step_format=config.step_format)
+        owned.append(teacher)
+    client = None
+    if judge is not None and judge.url:
+        client = AsyncRewardClient(judge.url, timeout=judge.timeout_s, retries=judge.retries)
+        owned.append(client)
+
+    started = time.perf_counter()
+    try:
+        synth = Synthesizer(config, env, teacher, retriever, client)
+        with JsonlWriter(samples_path) as writer:
+            await _run(synth, todo, writer, stats, config)
+    finally:
+        stats.wall_s = time.perf_counter() - started
+        for resource in owned:
+            await resource.aclose()
+
+    samples = [row for _, row in iter_jsonl(samples_path)]
+    kept = best_of_n(samples)
+    order = {q.key: i for i, q in enumerate(questions)}
+    chosen = sorted(kept.items(), key=lambda kv: order.get(kv[0], len(order)))
+    write_jsonl(out / "trajectories.jsonl", ({**row, "id": key} for key, row in chosen))
+    summary = {
+        "datasets": summarize(samples, kept, questions),
+        "teacher": teacher.name,
+        "run": asdict(stats),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary, stats
+
+
+def format_summary(summary: dict[str, Any], out: str) -> str:
+    lines = [
+        f"Cold-start synthesis ({summary['teacher']}) -> {out}/",
+        f"  {'dataset':<18}{'questions':>10}{'samples':>9}{'correct':>9}{'kept':>7}{'accept':>8}"
+        f"{'steps':>7}{'requests':>10}{'tokens in/out':>18}",
+    ]
+    for name, d in summary["datasets"].items():
+        lines.append(
+            f"  {name:<18}{d['questions']:>10,}{d['samples']:>9,}{d['sample_accuracy']:>9.1%}"
+            f"{d['trajectories']:>7,}{d['acceptance_rate']:>8.1%}{d['mean_steps_kept']:>7.2f}{d['requests']:>10,}"
+            f"{d['prompt_tokens']:>10,}/{d['completion_tokens']:,}"
+        )
+        lines.append(f"    outcomes: {', '.join(f'{k} {v:,}' for k, v in d['outcomes'].items())}")
+    run = summary["run"]
+    rate = run["done"] / run["wall_s"] if run["wall_s"] else 0.0
+    lines.append(
+        f"  this run: {run['done']:,} samples in {run['wall_s']:.1f} s ({rate:.1f}/s), {run['failed']:,} failed, "
+        f"{run['skipped']:,} already done"
+    )
+    lines.append("  files: samples.jsonl (every sample), trajectories.jsonl (best-of-N), summary.json")
+    return "\n".join(lines)
