@@ -21,16 +21,28 @@ from r3_env.env import RetrievalEnv, StepKind
 from r3_env.protocol import Step, Turn
 
 
-def steps_json(env: RetrievalEnv) -> list[dict[str, Any]]:
-    """The well-formed steps of a finished episode, each query with the documents retrieved for it."""
-    rows: list[dict[str, Any]] = []
-    documents = iter(env.documents)
+def env_turns(env: RetrievalEnv) -> list[Turn]:
+    """The well-formed steps of an episode so far, each query with the documents retrieved for it."""
+    turns, documents = [], iter(env.documents)
     for record in env.steps:
         if record.kind is StepKind.QUERY:
-            docs = next(documents)
-            rows.append({"analysis": record.analysis, "query": record.query, "documents": [p.to_json() for p in docs]})
+            turns.append(Turn(Step(record.analysis, query=record.query), tuple(next(documents))))
         elif record.kind is StepKind.ANSWER:
-            rows.append({"analysis": record.analysis, "answer": record.answer})
+            turns.append(Turn(Step(record.analysis, answer=record.answer)))
+    return turns
+
+
+def steps_json(env: RetrievalEnv) -> list[dict[str, Any]]:
+    """A finished episode's steps as record rows (see the module docstring)."""
+    rows: list[dict[str, Any]] = []
+    for turn in env_turns(env):
+        step = turn.step
+        if step.is_final:
+            rows.append({"analysis": step.analysis, "answer": step.answer})
+        else:
+            rows.append(
+                {"analysis": step.analysis, "query": step.query, "documents": [p.to_json() for p in turn.documents]}
+            )
     return rows
 
 

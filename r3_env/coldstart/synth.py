@@ -31,12 +31,12 @@ from typing import Any
 from tqdm import tqdm
 
 from r3_env.batching import Coalescer
-from r3_env.coldstart.records import steps_json
+from r3_env.coldstart.records import env_turns, steps_json
 from r3_env.coldstart.teacher import Teacher, TeacherConfig, TeacherError, TeacherRequest, make_teacher
 from r3_env.config import configs_from_values, load_yaml
 from r3_env.data import JsonlWriter, QAItem, existing_ids, iter_jsonl, read_dataset, write_jsonl
 from r3_env.env import EnvConfig, RetrievalEnv
-from r3_env.protocol import MessageRenderer, Step, Turn
+from r3_env.protocol import MessageRenderer
 from r3_env.retrieval.base import Hit
 from r3_env.retrieval.client import RetrievalServiceError
 from r3_env.reward_client import AsyncRewardClient, Judgement, RewardServiceError, check_answer
@@ -212,23 +212,17 @@ class Synthesizer:
         """One trajectory for ``question``; raises one of FAILURES when the teacher or a service fails."""
         item, temperature = question.item, self.temperatures[index % len(self.temperatures)]
         env = RetrievalEnv(self.env, self.renderer, self.search, item.question)
-        turns: list[Turn] = []
         usage = Counter()
-        invalid = None
         while not env.done:
+            turns = env_turns(env)
             request = TeacherRequest(
                 self.renderer.messages(item.question, turns), temperature, item, turns, index, self.env.max_steps
             )
             reply = await self.teacher.next_step(request)
             usage.update(requests=1, prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens)
-            result = await env.step(reply.text, closed=reply.finished)
-            record = env.steps[-1] if env.steps and not result.retry else None
-            if record is None:
-                continue
-            if record.query is not None:
-                turns.append(Turn(Step(record.analysis, query=record.query), result.documents))
-            elif record.format_error is not None:
-                invalid = {"output": record.action, "reason": record.format_error}
+            await env.step(reply.text, closed=reply.finished)
+        last = env.steps[-1]
+        invalid = {"output": last.action, "reason": last.format_error} if last.format_error is not None else None
         if invalid is not None:
             outcome, verdict = Outcome.FORMAT_ERROR, None
         elif env.answer is None:
