@@ -118,6 +118,7 @@ setup(
             "retriever = r3_env.retrieval.cli:add_retriever_parser",
             "coldstart = r3_env.coldstart.cli:add_parser",
             "reward = reward_server.cli:add_parser",
+            "eval = eval.cli:add_parser",
         ],
     },
 )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,6 +76,7 @@ class HFEngine:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self._queue: list[_Request] = []
         self._worker: asyncio.Task | None = None
+        self.busy_s = 0.0  # time inside model.generate: what evaluation compares its wall time with
 
     @classmethod
     def from_pretrained(cls, path: str, **options: Any) -> HFEngine:
@@ -97,7 +99,9 @@ class HFEngine:
                 batch = [r for r in self._queue if self._batch_key(r.params) == key][: self.max_batch]
                 taken = {id(r) for r in batch}
                 self._queue = [r for r in self._queue if id(r) not in taken]
+                started = time.perf_counter()
                 outputs = await asyncio.to_thread(self._run, batch)
+                self.busy_s += time.perf_counter() - started
             except Exception as error:  # every waiter learns of it; a request that cannot be batched fails alone
                 for request in batch or [self._queue.pop(0)]:
                     if not request.future.done():
@@ -123,6 +127,7 @@ class HFEngine:
         for row, request in enumerate(batch):
             input_ids[row, width - len(request.prompt) :] = torch.tensor(request.prompt)
             attention[row, width - len(request.prompt) :] = 1
+        input_ids, attention = input_ids.to(self.model.device), attention.to(self.model.device)
         stops = [self._stop_ids(r.params) for r in batch]
         limits = [max(1, int(r.params.max_tokens or 16)) for r in batch]
         processors = LogitsProcessorList()

@@ -20,17 +20,13 @@ import yaml
 from conftest import ROOT, InThreadServer, answer_step, query_step, run_r3rag
 from fastapi import Request
 
-from r3_env.coldstart.synth import (
-    JudgeConfig,
-    RetrievalSource,
-    SynthConfig,
-    best_of_n,
-    synthesize,
-)
-from r3_env.coldstart.teacher import RateLimiter, TeacherConfig, TeacherError
+from r3_env.chat_client import RateLimiter
+from r3_env.coldstart.synth import SynthConfig, best_of_n, synthesize
+from r3_env.coldstart.teacher import TeacherConfig, TeacherError
 from r3_env.env import EnvConfig
 from r3_env.protocol import get_format
 from r3_env.retrieval.index_builder import IndexBuildConfig, build_index
+from r3_env.runs import JudgeConfig, RetrievalSource, check_manifest, load_questions
 from r3_env.world.build import WorldConfig, generate_world
 
 
@@ -248,27 +244,26 @@ def test_resuming_with_other_settings_is_refused(world, tmp_path):
 
 
 def test_settings_are_only_binding_once_a_sample_is_written(tmp_path):
-    from r3_env.coldstart.synth import check_manifest
-
-    check_manifest(tmp_path, {"teacher": {"kind": "scripted"}})  # a run that failed before any sample ...
-    check_manifest(tmp_path, {"teacher": {"kind": "openai"}})  # ... does not bind the folder
-    (tmp_path / "samples.jsonl").write_text(json.dumps({"id": "d/q#0"}) + "\n")
+    manifest, rows = tmp_path / "synth.json", tmp_path / "samples.jsonl"
+    check_manifest(manifest, rows, {"teacher": {"kind": "scripted"}})  # a run that failed before any sample ...
+    check_manifest(manifest, rows, {"teacher": {"kind": "openai"}})  # ... does not bind the folder
+    rows.write_text(json.dumps({"id": "d/q#0"}) + "\n")
     with pytest.raises(ValueError, match=r"teacher.kind: 'openai' -> 'scripted'"):
-        check_manifest(tmp_path, {"teacher": {"kind": "scripted"}})
+        check_manifest(manifest, rows, {"teacher": {"kind": "scripted"}})
 
 
 def test_datasets_need_distinct_names(world, tmp_path):
-    from r3_env.coldstart.synth import load_questions
-
     with pytest.raises(ValueError, match="distinct names"):
-        load_questions(SynthConfig(data=f"{world['train']},{world['train']}"))
+        load_questions(SynthConfig(data=f"{world['train']},{world['train']}").paths())
 
 
 def test_config_errors_name_the_field():
     with pytest.raises(ValueError, match="teacher.base_url"):
         TeacherConfig(kind="openai")
     with pytest.raises(ValueError, match="exactly one of retrieval.url"):
-        RetrievalSource()
+        RetrievalSource().open()
+    with pytest.raises(ValueError, match="exactly one of retrieval.url"):
+        RetrievalSource(url="http://127.0.0.1:1", config="retriever.yaml")
     with pytest.raises(ValueError, match="temperatures must be numbers"):
         SynthConfig(data="x.jsonl", temperatures="hot")
 

@@ -22,7 +22,8 @@ import random
 import zlib
 from dataclasses import dataclass
 
-from r3_env.coldstart.teacher import Teacher, TeacherConfig, TeacherReply, TeacherRequest
+from r3_env.chat_client import ChatReply
+from r3_env.coldstart.teacher import Teacher, TeacherConfig, TeacherRequest
 from r3_env.protocol import Step, get_format
 
 # How the world's relation names read in a sentence ("the founder of X", not "the founded by of X").
@@ -117,8 +118,8 @@ class ScriptedTeacher(Teacher):
         self.config = config
         self.format = get_format(step_format)
 
-    async def next_step(self, request: TeacherRequest) -> TeacherReply:
-        return TeacherReply(self.format.render_step(self.plan(request)))
+    async def next_step(self, request: TeacherRequest) -> ChatReply:
+        return ChatReply(self.format.render_step(self.plan(request)))
 
     def plan(self, request: TeacherRequest) -> Step:
         subs = decomposition(request)

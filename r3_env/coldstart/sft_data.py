@@ -25,9 +25,9 @@ from typing import Any, Literal
 
 from tqdm import tqdm
 
-from r3_env.coldstart.records import turns_of
 from r3_env.data import iter_jsonl, write_jsonl
 from r3_env.protocol import ChatRenderer, MessageRenderer, Turn
+from r3_env.records import turns_of
 
 logger = logging.getLogger(__name__)
 

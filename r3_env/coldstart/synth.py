@@ -8,7 +8,7 @@ The answer is checked by string match, then by the reward server's judge when ``
 
 Outputs in ``out`` (append-only and resumable: rerun the same command after a kill):
 
-- ``samples.jsonl``: every finished sample, correct or not (see :mod:`r3_env.coldstart.records`);
+- ``samples.jsonl``: every finished sample, correct or not (see :mod:`r3_env.records`);
 - ``trajectories.jsonl``: best-of-N per question: correct, well formed, fewest steps (ties: the
   earliest sample), rebuilt from all samples at the end of every run;
 - ``summary.json``: outcomes, acceptance rate, steps and teacher usage per dataset.
@@ -31,16 +31,17 @@ from typing import Any
 from tqdm import tqdm
 
 from r3_env.batching import Coalescer
-from r3_env.coldstart.records import env_turns, steps_json
+from r3_env.chat_client import ChatReply
 from r3_env.coldstart.teacher import Teacher, TeacherConfig, TeacherError, TeacherRequest, make_teacher
-from r3_env.config import configs_from_values, load_yaml
-from r3_env.data import JsonlWriter, QAItem, existing_ids, iter_jsonl, read_dataset, write_jsonl
+from r3_env.data import JsonlWriter, existing_ids, iter_jsonl, write_jsonl
 from r3_env.env import EnvConfig, RetrievalEnv
 from r3_env.protocol import MessageRenderer
+from r3_env.records import episode_fields, play
 from r3_env.retrieval.base import Hit
 from r3_env.retrieval.client import RetrievalServiceError
-from r3_env.reward_client import AsyncRewardClient, Judgement, RewardServiceError, check_answer
+from r3_env.reward_client import AsyncRewardClient, RewardServiceError, check_answer
 from r3_env.rewards import Outcome
+from r3_env.runs import JudgeConfig, Question, RetrievalSource, check_manifest, dataset_paths, load_questions
 
 logger = logging.getLogger(__name__)
 
@@ -82,65 +83,11 @@ class SynthConfig:
         return values
 
     def paths(self) -> list[Path]:
-        return [Path(part.strip()) for part in self.data.split(",") if part.strip()]
-
-
-@dataclass(frozen=True)
-class RetrievalSource:
-    """Where documents come from: the retrieval service, or a retriever loaded in this process."""
-
-    url: str = field(default="", metadata={"help": "retrieval service URL (r3rag retriever serve)"})
-    config: str = field(default="", metadata={"help": "or: a retriever YAML (as for r3rag retriever serve --config)"})
-    timeout_s: float = field(default=60.0, metadata={"help": "per request"})
-    retries: int = field(default=3, metadata={"help": "per request"})
-
-    def __post_init__(self) -> None:
-        if bool(self.url) == bool(self.config):
-            raise ValueError("give exactly one of retrieval.url (a running service) or retrieval.config (a YAML file)")
-
-
-@dataclass(frozen=True)
-class JudgeConfig:
-    """The correctness judge, for answers that do not match a golden answer as strings."""
-
-    url: str = field(default="", metadata={"help": "reward server URL (r3rag reward serve); empty: match only"})
-    timeout_s: float = field(default=300.0, metadata={"help": "per request"})
-    retries: int = field(default=3, metadata={"help": "per request"})
+        return dataset_paths(self.data)
 
 
 SECTIONS = [("", SynthConfig), ("env.", EnvConfig), ("teacher.", TeacherConfig), ("retrieval.", RetrievalSource)]
 SECTIONS += [("judge.", JudgeConfig)]
-
-
-@dataclass(frozen=True)
-class Question:
-    dataset: str
-    item: QAItem
-
-    @property
-    def key(self) -> str:
-        return f"{self.dataset}/{self.item.id}"
-
-
-def load_questions(config: SynthConfig) -> list[Question]:
-    """The questions of every dataset file, named by their folder (FlashRAG layout: DATASET/split.jsonl)."""
-    paths = config.paths()
-    names = [path.parent.name or path.stem for path in paths]
-    if len(set(names)) < len(names):
-        names = [path.stem if names.count(name) > 1 else name for path, name in zip(paths, names, strict=True)]
-    if len(set(names)) < len(names):
-        raise ValueError(
-            f"data: {', '.join(map(str, paths))} do not have distinct names (their folder, else their file name); "
-            "give each dataset its own folder (FlashRAG layout: DATASET/split.jsonl) and list each once"
-        )
-    questions = []
-    for path, name in zip(paths, names, strict=True):
-        items = read_dataset(path)
-        if config.max_questions:
-            items = items[: config.max_questions]
-        questions += [Question(name, item) for item in items]
-        logger.info("%s: %d questions from %s", name, len(items), path)
-    return questions
 
 
 def fingerprint(config: SynthConfig, env: EnvConfig, teacher: TeacherConfig) -> dict[str, Any]:
@@ -151,34 +98,6 @@ def fingerprint(config: SynthConfig, env: EnvConfig, teacher: TeacherConfig) -> 
         "temperatures": config.temperature_list(),
         "teacher": {key: getattr(teacher, key) for key in ("kind", "model", "seed", "detour_rate", "max_tokens")},
     }
-
-
-def _dotted(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in values.items():
-        if isinstance(value, dict):
-            flat.update(_dotted(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def check_manifest(out: Path, settings: dict[str, Any]) -> None:
-    """Record the settings beside the samples, or refuse to add to samples made with other ones."""
-    manifest = out / MANIFEST
-    if manifest.exists() and existing_ids(out / "samples.jsonl"):
-        old = json.loads(manifest.read_text())
-        if old != settings:
-            before, now = _dotted(old), _dotted(settings)
-            keys = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
-            changed = [f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in keys]
-            raise ValueError(
-                f"{out} holds samples made with other settings ({'; '.join(changed)}); "
-                f"choose another --out, or rerun with the settings recorded in {manifest}"
-            )
-        return
-    out.mkdir(parents=True, exist_ok=True)  # no sample yet: (re)record the settings
-    manifest.write_text(json.dumps(settings, indent=2) + "\n")
 
 
 class Synthesizer:
@@ -212,18 +131,15 @@ class Synthesizer:
         """One trajectory for ``question``; raises one of FAILURES when the teacher or a service fails."""
         item, temperature = question.item, self.temperatures[index % len(self.temperatures)]
         env = RetrievalEnv(self.env, self.renderer, self.search, item.question)
-        usage = Counter()
-        while not env.done:
-            turns = env_turns(env)
-            request = TeacherRequest(
-                self.renderer.messages(item.question, turns), temperature, item, turns, index, self.env.max_steps
+
+        async def write(messages: list[dict[str, str]], turns: list) -> ChatReply:
+            return await self.teacher.next_step(
+                TeacherRequest(messages, temperature, item, turns, index, self.env.max_steps)
             )
-            reply = await self.teacher.next_step(request)
-            usage.update(requests=1, prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens)
-            await env.step(reply.text, closed=reply.finished)
-        last = env.steps[-1]
-        invalid = {"output": last.action, "reason": last.format_error} if last.format_error is not None else None
-        if invalid is not None:
+
+        usage = await play(env, self.renderer, write)
+        fields = episode_fields(env)
+        if "invalid" in fields:
             outcome, verdict = Outcome.FORMAT_ERROR, None
         elif env.answer is None:
             outcome, verdict = Outcome.NO_ANSWER, None
@@ -231,40 +147,20 @@ class Synthesizer:
             judge = self._judge.submit if self._judge is not None else None
             verdict = await check_answer(item.question, env.answer, item.golden_answers, judge)
             outcome = Outcome.CORRECT if verdict.score >= 0.5 else Outcome.WRONG
-        return self._row(question, index, temperature, env, outcome, verdict, invalid, usage)
-
-    def _row(
-        self,
-        question: Question,
-        index: int,
-        temperature: float,
-        env: RetrievalEnv,
-        outcome: Outcome,
-        verdict: Judgement | None,
-        invalid: dict | None,
-        usage: Counter,
-    ) -> dict[str, Any]:
-        steps = steps_json(env)
-        row = {
+        return {
             "id": f"{question.key}#{index}",
-            "question_id": question.item.id,
+            "question_id": item.id,
             "dataset": question.dataset,
             "sample": index,
             "temperature": temperature,
-            "question": question.item.question,
-            "golden_answers": question.item.golden_answers,
+            "question": item.question,
+            "golden_answers": item.golden_answers,
             "outcome": outcome.value,
             "verdict": verdict.method if verdict else None,
-            "answer": env.answer,
-            "num_steps": len(steps) + (invalid is not None),
-            "steps": steps,
-            "format_retries": sum(step.format_retries for step in env.steps),
+            **fields,
             "usage": {key: usage[key] for key in ("requests", "prompt_tokens", "completion_tokens")},
             "teacher": self.teacher.name,
         }
-        if invalid is not None:
-            row["invalid"] = invalid
-        return row
 
 
 def best_of_n(samples: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -371,15 +267,6 @@ async def _run(
         )
 
 
-def retriever_config(path: str) -> Any:
-    """The retriever of a YAML file written for ``r3rag retriever serve --config`` (its service keys are ignored)."""
-    from r3_env.retrieval.cli import SERVE_SECTIONS
-    from r3_env.retrieval.config import FLASHRAG_IGNORED_KEYS
-
-    values = {key: value for key, value in load_yaml(path).items() if key not in FLASHRAG_IGNORED_KEYS}
-    return configs_from_values(values, SERVE_SECTIONS, where=path)[0]
-
-
 async def synthesize(
     config: SynthConfig,
     env: EnvConfig,
@@ -395,9 +282,9 @@ async def synthesize(
     by default they come from ``retrieval`` and ``teacher_config``.
     """
     out = Path(config.out)
-    check_manifest(out, fingerprint(config, env, teacher_config))
-    questions = load_questions(config)
     samples_path = out / "samples.jsonl"
+    check_manifest(out / MANIFEST, samples_path, fingerprint(config, env, teacher_config))
+    questions = load_questions(config.paths(), config.max_questions)
     done = existing_ids(samples_path)
     todo = [(q, k) for q in questions for k in range(config.samples) if f"{q.key}#{k}" not in done]
     stats = RunStats(todo=len(todo), skipped=len(questions) * config.samples - len(todo))
@@ -406,12 +293,7 @@ async def synthesize(
 
     owned = []
     if retriever is None:
-        from r3_env.retrieval import open_async_retriever
-
-        if retrieval.url:
-            retriever = open_async_retriever(retrieval.url, timeout=retrieval.timeout_s, retries=retrieval.retries)
-        else:
-            retriever = open_async_retriever(config=retriever_config(retrieval.config))
+        retriever = retrieval.open()
         owned.append(retriever)
     if teacher is None:
         teacher = make_teacher(teacher_config, max_connections=config.concurrency, step_format=config.step_format)

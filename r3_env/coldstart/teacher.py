@@ -2,24 +2,20 @@
 
 Algorithm 1 asks a strong LLM (the paper: DeepSeek-V3) for one step at a time, given the question
 and the steps so far as chat messages rendered by :mod:`r3_env.protocol`. :class:`OpenAITeacher`
-does that over ``POST {base_url}/chat/completions`` with a request rate limit and retries;
+does that through :class:`r3_env.chat_client.OpenAIChat` (rate limit, retries);
 :class:`r3_env.coldstart.scripted.ScriptedTeacher` answers the same request from the synthetic
 world's gold decompositions, so the embedded default has cold-start data without any API.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
-import orjson
-
+from r3_env.chat_client import ChatEndpointError, ChatReply, OpenAIChat
 from r3_env.data import QAItem
-from r3_env.http_retry import AsyncHTTP, RequestFailed, RetryPolicy, asend_with_retries, bearer_headers
 from r3_env.protocol import Turn
 
 
@@ -73,97 +69,44 @@ class TeacherRequest:
     max_steps: int = 5
 
 
-@dataclass(frozen=True)
-class TeacherReply:
-    text: str
-    finished: bool = True  # False: cut off by the token limit
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-
 class Teacher(ABC):
     name: str
 
     @abstractmethod
-    async def next_step(self, request: TeacherRequest) -> TeacherReply:
+    async def next_step(self, request: TeacherRequest) -> ChatReply:
         """The teacher's next step as text; raises TeacherError when it cannot give one."""
 
     async def aclose(self) -> None:  # noqa: B027 - most teachers hold nothing
         pass
 
 
-class RateLimiter:
-    """Spaces calls at least ``1 / rate`` seconds apart (``rate`` per second; 0: no limit)."""
-
-    def __init__(self, rate: float) -> None:
-        self.interval = 1.0 / rate if rate > 0 else 0.0
-        self._next = 0.0
-        self._lock = asyncio.Lock()
-
-    async def wait(self) -> None:
-        if not self.interval:
-            return
-        async with self._lock:
-            now = time.monotonic()
-            slot = max(now, self._next)
-            self._next = slot + self.interval
-        if slot > now:
-            await asyncio.sleep(slot - now)
-
-
 class OpenAITeacher(Teacher):
-    """A chat model behind ``POST {base_url}/chat/completions`` (DeepSeek, OpenAI, vLLM, SGLang, ...)."""
+    """A chat model behind an OpenAI-compatible endpoint (DeepSeek, OpenAI, vLLM, SGLang, ...)."""
 
     def __init__(self, config: TeacherConfig, max_connections: int = 64) -> None:
         self.config = config
         self.name = config.model
-        self.url = config.base_url.rstrip("/") + "/chat/completions"
-        self.policy = RetryPolicy(retries=config.retries, backoff=config.backoff_s)
-        self.limiter = RateLimiter(config.requests_per_minute / 60.0)
-        self._http = AsyncHTTP(config.timeout_s, bearer_headers(None, config.api_key_env), max_connections)
+        self.chat = OpenAIChat(
+            config.base_url,
+            config.model,
+            config.api_key_env,
+            config.timeout_s,
+            config.retries,
+            config.backoff_s,
+            config.requests_per_minute,
+            max_connections,
+        )
 
-    async def next_step(self, request: TeacherRequest) -> TeacherReply:
-        body = {
-            "model": self.config.model,
-            "messages": request.messages,
-            "temperature": request.temperature,
-            "top_p": self.config.top_p,
-            "max_tokens": self.config.max_tokens,
-        }
-
-        async def send():
-            await self.limiter.wait()
-            return await self._http.post(self.url, body)
-
+    async def next_step(self, request: TeacherRequest) -> ChatReply:
         try:
-            reply = await asend_with_retries(send, self.policy, f"teacher {self.url}")
-        except RequestFailed as failure:
-            hint = " (is the endpoint up and the key in $" + self.config.api_key_env + "?)"
-            raise TeacherError(
-                f"teacher {self.url} failed after {failure.attempts} attempts: {failure.detail}"
-                + (hint if failure.transport or failure.status in (401, 403) else "")
-            ) from None
-        return self._parse(reply.body)
-
-    def _parse(self, body: bytes) -> TeacherReply:
-        try:
-            payload: Any = orjson.loads(body)
-            choice = payload["choices"][0]
-            text = choice["message"]["content"]
-            if not isinstance(text, str):
-                raise TypeError(text)
-            usage = payload.get("usage") or {}
-            return TeacherReply(
-                text,
-                finished=choice.get("finish_reason") != "length",
-                prompt_tokens=int(usage.get("prompt_tokens") or 0),
-                completion_tokens=int(usage.get("completion_tokens") or 0),
+            return await self.chat.complete(
+                request.messages, request.temperature, self.config.max_tokens, top_p=self.config.top_p
             )
-        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError, AttributeError):
-            raise TeacherError(f"teacher {self.url} sent a malformed chat completion: {body[:200]!r}") from None
+        except ChatEndpointError as error:
+            raise TeacherError(f"teacher {error}") from None
 
     async def aclose(self) -> None:
-        await self._http.close()
+        await self.chat.aclose()
 
 
 def make_teacher(config: TeacherConfig, max_connections: int = 64, step_format: str = "r3") -> Teacher:

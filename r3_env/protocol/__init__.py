@@ -14,6 +14,7 @@ from typing import Any
 from r3_env.answers import clean_answer
 from r3_env.data import Passage
 from r3_env.protocol import r3 as _r3  # noqa: F401  (registers the "r3" format)
+from r3_env.protocol import react as _react  # noqa: F401  (registers the "react" format)
 from r3_env.protocol.base import (
     FormatError,
     FormatReason,

@@ -7,6 +7,7 @@ cold start, evaluation and the reward server select a format by name (``get_form
 from __future__ import annotations
 
 import enum
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -98,6 +99,10 @@ class StepFormat(ABC):
         """The instructions given to the policy as the system message."""
 
     @abstractmethod
+    def answer_only_prompt(self, with_documents: bool) -> str:
+        """Instructions for answering in one final step with no retrieval (the CoT and naive-RAG baselines)."""
+
+    @abstractmethod
     def render_question(self, question: str) -> str:
         """The first user turn."""
 
@@ -162,3 +167,26 @@ def truncate_text(text: str, limit: int) -> str:
     if space >= limit * 0.8:
         cut = cut[:space]
     return cut.rstrip() + " ..."
+
+
+_DOC_HEADER = re.compile(r"^\[(\d+)\] (.*)$")
+
+
+def render_document_blocks(documents: Sequence[Passage], doc_chars: int) -> str:
+    """Numbered documents, ``[i] title`` then the text cut to ``doc_chars``, separated by blank lines."""
+    blocks = []
+    for i, doc in enumerate(documents, start=1):
+        text = truncate_text(doc.text, doc_chars) if doc.text.strip() else ""
+        blocks.append(f"[{i}] {' '.join(doc.title.split()) or '(untitled)'}" + (f"\n{text}" if text else ""))
+    return "\n\n".join(blocks)
+
+
+def parse_document_blocks(body: str) -> list[Passage]:
+    """The documents of :func:`render_document_blocks` (their ids are their numbers)."""
+    documents: list[Passage] = []
+    for block in normalize_newlines(body).split("\n\n"):
+        head, _, rest = block.partition("\n")
+        match = _DOC_HEADER.match(head)
+        if match:
+            documents.append(Passage.from_title_text(match.group(1), match.group(2).strip(), rest.strip()))
+    return documents

@@ -268,7 +268,11 @@ class ChatRenderer(MessageRenderer):
 
     def prompt(self, question: str) -> str:
         """The first observation: instructions and question, ending with the assistant generation prompt."""
-        return _apply(self.tokenizer, self.template, self.messages(question), add_generation_prompt=True)
+        return self.generation_prompt(self.messages(question))
+
+    def generation_prompt(self, messages: Sequence[dict[str, str]]) -> str:
+        """Any conversation through this renderer's chat template, ending with the assistant generation prompt."""
+        return _apply(self.tokenizer, self.template, list(messages), add_generation_prompt=True)
 
     def step(self, step: Step) -> str:
         """One assistant turn as the policy should generate it, stop token included."""

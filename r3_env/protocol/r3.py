@@ -27,8 +27,9 @@ from r3_env.protocol.base import (
     Step,
     StepFormat,
     normalize_newlines,
+    parse_document_blocks,
     register_format,
-    truncate_text,
+    render_document_blocks,
 )
 
 ANALYSIS = "The problem analysis:"
@@ -51,7 +52,6 @@ _STEP_HEADER = re.compile(
     r"^[ \t]*(?:#{1,6}[ \t]*)?(?:\*\*)?[ \t]*step[ \t]*\d+[ \t]*(?:\*\*)?[ \t]*[:.]?[ \t]*(?:\*\*)?[ \t]*$", re.I
 )
 _QUESTION = re.compile(r"[^?]*\?")
-_DOC_HEADER = re.compile(r"^\[(\d+)\] (.*)$")
 _QUOTED = re.compile(r'"[^"]*"|\u201c[^\u201d]*\u201d')
 
 
@@ -95,6 +95,14 @@ class R3Format(StepFormat):
             "split it into narrower ones.\n"
             "- If searching keeps failing, you may answer from your own knowledge.\n"
             "- Keep the final answer short (a name, a date, a number or yes/no) and write in English."
+        )
+
+    def answer_only_prompt(self, with_documents: bool) -> str:
+        source = "the documents below and your own knowledge" if with_documents else "your own knowledge"
+        return (
+            f"Answer the question from {source}. Reason step by step, then give a short answer "
+            "(a name, a date, a number or yes/no), in exactly this layout:\n\n"
+            f"{ANALYSIS} <your reasoning>\n{ANSWER} <a short answer>"
         )
 
     def render_question(self, question: str) -> str:
@@ -182,22 +190,11 @@ class R3Format(StepFormat):
         header = f"Retrieved documents for step {step_number}:"
         if not documents:
             return f"{header}\n(no documents were found)"
-        blocks = []
-        for i, doc in enumerate(documents, start=1):
-            text = truncate_text(doc.text, doc_chars) if doc.text.strip() else ""
-            blocks.append(f"[{i}] {' '.join(doc.title.split()) or '(untitled)'}" + (f"\n{text}" if text else ""))
-        return header + "\n" + "\n\n".join(blocks)
+        return header + "\n" + render_document_blocks(documents, doc_chars)
 
     def parse_documents(self, text: str) -> list[Passage]:
-        # render_documents writes a header line, then blank-line separated "[i] title" + text blocks
-        _, _, body = normalize_newlines(text).strip().partition("\n")
-        documents: list[Passage] = []
-        for block in body.split("\n\n"):
-            head, _, rest = block.partition("\n")
-            match = _DOC_HEADER.match(head)
-            if match:
-                documents.append(Passage.from_title_text(match.group(1), match.group(2).strip(), rest.strip()))
-        return documents
+        _, _, body = normalize_newlines(text).strip().partition("\n")  # a header line, then the blocks
+        return parse_document_blocks(body)
 
     def find_question(self, text: str) -> str | None:
         found = None

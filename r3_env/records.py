@@ -1,4 +1,7 @@
-"""The trajectory record: one JSON line per synthesised sample, and the turns it stands for.
+"""The trajectory record (one JSON line per cold-start sample or evaluated question), and the loop that makes it.
+
+:func:`play` runs an episode against anything that writes the next step from chat messages (a
+teacher, an evaluation engine); :func:`episode_fields` is what both records keep of it.
 
 A record keeps each step's analysis, its query or answer, and the full documents shown after it,
 so SFT data can be rendered later at any ``doc_chars`` in any chat template. Example::
@@ -13,12 +16,17 @@ so SFT data can be rendered later at any ``doc_chars`` in any chat template. Exa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from r3_env.chat_client import ChatReply
 from r3_env.data import Passage
 from r3_env.env import RetrievalEnv, StepKind
-from r3_env.protocol import Step, Turn
+from r3_env.protocol import MessageRenderer, Step, Turn
+
+# Writes the next step: given the chat so far (rendered by the episode's renderer) and its turns.
+StepWriter = Callable[[list[dict[str, str]], list[Turn]], Awaitable[ChatReply]]
 
 
 def env_turns(env: RetrievalEnv) -> list[Turn]:
@@ -44,6 +52,30 @@ def steps_json(env: RetrievalEnv) -> list[dict[str, Any]]:
                 {"analysis": step.analysis, "query": step.query, "documents": [p.to_json() for p in turn.documents]}
             )
     return rows
+
+
+async def play(env: RetrievalEnv, renderer: MessageRenderer, write: StepWriter) -> Counter:
+    """Run ``env`` to its end, one written step at a time; returns requests and token usage."""
+    usage: Counter = Counter()
+    while not env.done:
+        turns = env_turns(env)
+        reply = await write(renderer.messages(env.question, turns), turns)
+        usage.update(requests=1, prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens)
+        await env.step(reply.text, closed=reply.finished)
+    return usage
+
+
+def episode_fields(env: RetrievalEnv) -> dict[str, Any]:
+    """A finished episode as record fields: steps, answer, step count and, when the last step did not parse,
+    ``invalid`` (its output and the reason)."""
+    steps = steps_json(env)
+    last = env.steps[-1] if env.steps else None
+    fields: dict[str, Any] = {"answer": env.answer, "steps": steps, "num_steps": len(steps)}
+    if last is not None and last.format_error is not None:
+        fields["invalid"] = {"output": last.action, "reason": last.format_error}
+        fields["num_steps"] += 1
+    fields["format_retries"] = sum(step.format_retries for step in env.steps)
+    return fields
 
 
 def turns_of(row: dict[str, Any], where: str = "trajectory") -> list[Turn]:

@@ -1,0 +1,102 @@
+"""``r3rag eval run | score | report | sweep``: FlashRAG-compatible evaluation."""
+
+from __future__ import annotations
+
+import argparse
+
+from r3_env.config import add_config_command, configs_from_args
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    from eval.run import SECTIONS as RUN_SECTIONS
+    from eval.score import SECTIONS as SCORE_SECTIONS
+    from eval.sweep import SECTIONS as SWEEP_SECTIONS
+
+    actions = subparsers.add_parser(
+        "eval", help="evaluate the policy and baselines: run, score, report, sweep"
+    ).add_subparsers(dest="eval_command", metavar="ACTION", required=True)
+    add_config_command(
+        actions,
+        "run",
+        RUN_SECTIONS,
+        run_run,
+        help="run a method over FlashRAG datasets (one JSON line per question; rerun to resume)",
+        description="Writes run.json and predictions.jsonl into --out. Methods: r3 (the step-by-step policy), "
+        "react, direct (CoT), naive_rag (top --naive_topk), flashrag:flare|selfask|iter_retgen|ircot. Engines: "
+        "--engine.kind hf (transformers), vllm (offline, GPU) or openai (--engine.base_url). The paper's protocol "
+        "is the default: greedy, --env.topk 5, --env.max_steps 5.",
+    )
+    add_config_command(
+        actions,
+        "score",
+        SCORE_SECTIONS,
+        run_score,
+        help="EM, F1, sub-EM, judge ACC and retrieval metrics of a run, per dataset and step cutoff",
+        description="Writes scores.json, question_scores.jsonl and (with --judge.url, the reward server) "
+        "judgements.jsonl into the run folder.",
+    )
+    report = actions.add_parser(
+        "report",
+        help="tables, plots and a trajectory browser over scored runs",
+        description="Finds every scored run under DIR and writes report.md, report.json and report.html.",
+    )
+    report.add_argument("dir", help="a folder of evaluation runs (or one run)")
+    report.add_argument("--out", default="", help="where to write the report (default: DIR)")
+    report.set_defaults(func=run_report)
+    add_config_command(
+        actions,
+        "sweep",
+        SWEEP_SECTIONS,
+        run_sweep,
+        help="runs over top-k and retrievers (max steps come from one run's cutoffs), scored, then a report",
+        description="One run per (retriever, top-k) into --out/NAME, each scored; then the report over --out.",
+    )
+
+
+def run_run(args: argparse.Namespace) -> int:
+    import asyncio
+    import sys
+
+    from eval.run import SECTIONS, EvalAborted, format_stats, run_eval
+
+    config, env, engine, generation, retrieval = configs_from_args(args, SECTIONS)
+    try:
+        stats = asyncio.run(run_eval(config, env, engine, generation, retrieval))
+    except EvalAborted as error:
+        print(f"r3rag eval run: {error}", file=sys.stderr)
+        return 1
+    print(format_stats(stats, config.out))
+    if stats.failed:
+        print(f"{stats.failed} questions failed ({stats.last_error}); rerun the same command to retry them")
+        return 1
+    return 0
+
+
+def run_score(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from eval.score import SECTIONS, format_scores, score_run
+
+    config, judge = configs_from_args(args, SECTIONS)
+    print(format_scores(asyncio.run(score_run(config, judge))))
+    return 0
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from eval.report import write_report
+
+    paths = write_report(Path(args.dir), Path(args.out) if args.out else None)
+    for path in paths.values():
+        print(path)
+    return 0
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from eval.sweep import SECTIONS
+    from eval.sweep import run_sweep as sweep
+
+    return asyncio.run(sweep(*configs_from_args(args, SECTIONS)))

@@ -1,0 +1,257 @@
+"""Inference engines for evaluation: one ``chat(messages)`` call over vLLM, HF transformers or an endpoint.
+
+Every method (the step-by-step policy and the baselines) talks to the model through chat
+messages. The token engines (``vllm`` offline on GPU, ``hf`` on CPU or one GPU) apply the chat
+template themselves with :class:`r3_env.protocol.ChatRenderer`, so a policy sees at evaluation
+exactly the tokens it saw in RL; ``openai`` sends the messages to any OpenAI-compatible server
+(vLLM serving an official R3-RAG checkpoint, a hosted model) and lets it apply its template.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from r3_env.chat_client import ChatReply, OpenAIChat
+from r3_env.protocol import ChatRenderer, MessageRenderer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Which model answers, and how it is run."""
+
+    kind: Literal["hf", "vllm", "openai"] = field(
+        default="hf", metadata={"help": "hf (transformers, CPU or one GPU), vllm (offline, GPU) or openai (endpoint)"}
+    )
+    model: str = field(default="", metadata={"help": "model folder or hub name (hf, vllm); served name (openai)"})
+    chat_template: str = field(
+        default="auto", metadata={"help": "hf/vllm: auto (the tokenizer's), plain, or a Jinja template (as in RL)"}
+    )
+    base_url: str = field(default="", metadata={"help": "openai: endpoint base URL, e.g. http://127.0.0.1:8001/v1"})
+    api_key_env: str = field(default="OPENAI_API_KEY", metadata={"help": "openai: variable holding the API key"})
+    max_model_len: int = field(default=8192, metadata={"help": "hf/vllm: context tokens (prompt + generation)"})
+    max_batch: int = field(default=32, metadata={"help": "hf: sequences per generate call"})
+    dtype: str = field(default="auto", metadata={"help": "hf/vllm: auto, bfloat16, float16 or float32"})
+    tensor_parallel_size: int = field(default=1, metadata={"help": "vllm: GPUs per engine"})
+    gpu_memory_utilization: float = field(default=0.85, metadata={"help": "vllm: share of GPU memory to use"})
+    timeout_s: float = field(default=300.0, metadata={"help": "openai: per request"})
+    retries: int = field(default=3, metadata={"help": "openai: per request"})
+    requests_per_minute: float = field(default=0.0, metadata={"help": "openai: rate limit (0: none)"})
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("engine.model is required: a model folder or hub name, or the served model's name")
+        if self.kind == "openai" and not self.base_url:
+            raise ValueError("engine.kind openai needs engine.base_url (e.g. http://127.0.0.1:8001/v1)")
+        if self.max_model_len < 16 or self.max_batch < 1 or self.tensor_parallel_size < 1:
+            raise ValueError("max_model_len must be at least 16, max_batch and tensor_parallel_size at least 1")
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """Sampling. The paper's protocol is greedy decoding."""
+
+    temperature: float = field(default=0.0, metadata={"help": "0: greedy"})
+    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling"})
+    seed: int = field(default=0, metadata={"help": "sampling seed"})
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError("temperature must be 0 or more and top_p in (0, 1]")
+
+
+class EngineError(RuntimeError):
+    """The engine could not generate (an endpoint failed for good)."""
+
+
+class Engine(ABC):
+    """Generates one assistant turn from chat messages."""
+
+    name: str
+    system_in_user: bool = False  # the chat template has no system role: instructions lead the first user turn
+    busy_s: float | None = None  # time the model spent generating, where the engine can tell
+
+    @abstractmethod
+    def renderer(self, step_format: str, doc_chars: int) -> MessageRenderer:
+        """The renderer whose messages this engine turns into exactly the policy's training prompt."""
+
+    @abstractmethod
+    async def chat(self, messages: Sequence[dict[str, str]], max_tokens: int, stop: Sequence[str] = ()) -> ChatReply:
+        """The next assistant turn; text is cut before the first of ``stop``."""
+
+    async def aclose(self) -> None:  # noqa: B027 - most engines hold nothing to release
+        pass
+
+
+def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
+    """``text`` before the earliest stop string, and whether one was found."""
+    positions = [i for i in (text.find(s) for s in stop if s) if i >= 0]
+    return (text[: min(positions)], True) if positions else (text, False)
+
+
+class TokenEngine(Engine):
+    """A local model behind OpenRLHF's generate contract (``HFEngine`` or vLLM's async engine)."""
+
+    def __init__(
+        self,
+        generator: Any,
+        tokenizer: Any,
+        chat_template: str,
+        generation: GenerationConfig,
+        max_model_len: int,
+        name: str,
+        make_params: Any,
+    ) -> None:
+        self.generator, self.tokenizer, self.chat_template = generator, tokenizer, chat_template
+        self.generation, self.max_model_len, self.name = generation, max_model_len, name
+        self.make_params = make_params
+        self._template = ChatRenderer(tokenizer, "r3", chat_template)
+        self.system_in_user = self._template.system_in_user
+        self.stop_token_ids = self._template.stop_token_ids
+        self._special = set(getattr(tokenizer, "all_special_ids", []))
+
+    @property
+    def busy_s(self) -> float | None:
+        return getattr(self.generator, "busy_s", None)
+
+    def renderer(self, step_format: str, doc_chars: int) -> MessageRenderer:
+        return ChatRenderer(self.tokenizer, step_format, self.chat_template, doc_chars=doc_chars)
+
+    async def chat(self, messages: Sequence[dict[str, str]], max_tokens: int, stop: Sequence[str] = ()) -> ChatReply:
+        prompt = self._template.generation_prompt(messages)
+        ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        room = self.max_model_len - len(ids)
+        if room <= 0:  # the conversation outgrew the context: nothing more can be generated
+            logger.warning("prompt of %d tokens fills the %d-token context", len(ids), self.max_model_len)
+            return ChatReply("", finished=False, prompt_tokens=len(ids))
+        params = self.make_params(
+            temperature=self.generation.temperature,
+            top_p=self.generation.top_p if self.generation.temperature > 0 else 1.0,
+            max_tokens=min(max_tokens, room),
+            stop_token_ids=list(self.stop_token_ids),
+            seed=self.generation.seed,
+        )
+        output = (await self.generator.generate(ids, params)).outputs[0]
+        tokens = list(output.token_ids)
+        finished = output.finish_reason == "stop"
+        body = tokens[:-1] if finished and tokens and tokens[-1] in self._special else tokens
+        text, stopped = cut_at_stop(self.tokenizer.decode(body, skip_special_tokens=False), stop)
+        return ChatReply(text, finished or stopped, prompt_tokens=len(ids), completion_tokens=len(tokens))
+
+    async def aclose(self) -> None:
+        shutdown = getattr(self.generator, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+
+
+class OpenAIEngine(Engine):
+    """A model behind an OpenAI-compatible chat endpoint; the server applies its chat template."""
+
+    def __init__(self, config: EngineConfig, generation: GenerationConfig, max_connections: int = 64) -> None:
+        self.generation, self.name = generation, config.model
+        self.client = OpenAIChat(
+            config.base_url,
+            config.model,
+            config.api_key_env,
+            config.timeout_s,
+            config.retries,
+            requests_per_minute=config.requests_per_minute,
+            max_connections=max_connections,
+        )
+
+    def renderer(self, step_format: str, doc_chars: int) -> MessageRenderer:
+        return MessageRenderer(step_format, doc_chars=doc_chars)
+
+    async def chat(self, messages: Sequence[dict[str, str]], max_tokens: int, stop: Sequence[str] = ()) -> ChatReply:
+        from r3_env.chat_client import ChatEndpointError
+
+        started = time.perf_counter()
+        try:
+            reply = await self.client.complete(
+                messages,
+                self.generation.temperature,
+                max_tokens,
+                top_p=self.generation.top_p,
+                stop=stop,
+                seed=self.generation.seed,
+            )
+        except ChatEndpointError as error:
+            raise EngineError(f"engine {error}") from None
+        self.busy_s = (self.busy_s or 0.0) + time.perf_counter() - started
+        return reply
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+class VLLMGenerator:
+    """vLLM's async engine behind the ``generate(prompt_token_ids, sampling_params)`` contract."""
+
+    def __init__(self, config: EngineConfig, seed: int) -> None:
+        from vllm import AsyncEngineArgs, AsyncLLMEngine
+
+        args = AsyncEngineArgs(
+            model=config.model,
+            dtype=config.dtype,
+            tensor_parallel_size=config.tensor_parallel_size,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            max_model_len=config.max_model_len,
+            enable_prefix_caching=True,
+            seed=seed,
+        )
+        self.engine = AsyncLLMEngine.from_engine_args(args)
+
+    async def generate(self, prompt_token_ids: Sequence[int], sampling_params: Any) -> Any:
+        from vllm.inputs import TokensPrompt
+
+        final = None
+        prompt = TokensPrompt(prompt_token_ids=list(prompt_token_ids))
+        async for output in self.engine.generate(prompt, sampling_params, request_id=uuid.uuid4().hex):
+            final = output
+        return final
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+def _hf_model(config: EngineConfig) -> tuple[Any, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = "auto" if config.dtype == "auto" else getattr(torch, config.dtype)
+    model = AutoModelForCausalLM.from_pretrained(config.model, dtype=dtype)
+    if torch.cuda.is_available():
+        model = model.to("cuda")
+    return model, AutoTokenizer.from_pretrained(config.model)
+
+
+def make_engine(config: EngineConfig, generation: GenerationConfig, max_connections: int = 64) -> Engine:
+    """The engine a config describes (the model loads here)."""
+    if config.kind == "openai":
+        return OpenAIEngine(config, generation, max_connections)
+    if config.kind == "hf":
+        from r3_env.hf_engine import HFEngine, SamplingParams
+
+        model, tokenizer = _hf_model(config)
+        generator = HFEngine(model, tokenizer, max_batch=config.max_batch)
+        return TokenEngine(
+            generator, tokenizer, config.chat_template, generation, config.max_model_len, config.model, SamplingParams
+        )
+    from transformers import AutoTokenizer
+    from vllm import SamplingParams as VLLMSamplingParams
+
+    def vllm_params(**values: Any) -> Any:
+        return VLLMSamplingParams(**values, skip_special_tokens=False)
+
+    generator = VLLMGenerator(config, generation.seed)
+    tokenizer = AutoTokenizer.from_pretrained(config.model)
+    return TokenEngine(
+        generator, tokenizer, config.chat_template, generation, config.max_model_len, config.model, vllm_params
+    )

@@ -1,0 +1,299 @@
+"""``r3rag eval run``: a method over FlashRAG datasets, one JSON line per question, resumable.
+
+The run folder ``out`` holds
+
+- ``run.json``: what the rows were made with (method, engine, model, retriever, episode rules,
+  sampling). A rerun into the same folder with other settings is refused, naming what changed;
+- ``predictions.jsonl``, append-only: per question its id (``DATASET/ID``), question, golden
+  answers, gold passage ids, every step (analysis, query, documents with ids and titles), the
+  final answer and its short form, the number of steps, retrievals and documents read;
+- ``runs.jsonl``, append-only: one line per invocation (questions done, failed, wall time,
+  questions/s, the share of wall time the model spent generating).
+
+A killed run continues where it stopped: questions already in ``predictions.jsonl`` are skipped,
+and a question whose engine or retrieval call failed for good is not written, so the next run
+retries it. The paper's protocol is the default: greedy, top-5, at most 5 steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from eval.engines import Engine, EngineConfig, EngineError, GenerationConfig, make_engine
+from eval.methods import Method, MethodContext, get_method
+from r3_env.batching import Coalescer
+from r3_env.data import JsonlWriter, existing_ids, read_label
+from r3_env.env import EnvConfig
+from r3_env.retrieval.base import Hit
+from r3_env.retrieval.client import RetrievalServiceError
+from r3_env.runs import Question, RetrievalSource, check_manifest, dataset_paths, load_questions, retriever_config
+
+logger = logging.getLogger(__name__)
+
+FAILURES = (EngineError, RetrievalServiceError)
+PREDICTIONS = "predictions.jsonl"
+MANIFEST = "run.json"
+
+
+@dataclass(frozen=True)
+class EvalRunConfig:
+    """What to evaluate, on what, and where the rows go."""
+
+    data: str = field(default="", metadata={"help": "FlashRAG dataset .jsonl files, comma-separated"})
+    out: str = field(default="runs/eval/r3", metadata={"help": "run folder (append-only; rerun to resume)"})
+    method: str = field(default="r3", metadata={"help": "r3, react, direct, naive_rag or flashrag:<pipeline>"})
+    name: str = field(default="", metadata={"help": "the run's label in reports (default: the folder's name)"})
+    retriever_name: str = field(
+        default="", metadata={"help": "the retriever's label in reports (default: from retrieval.config)"}
+    )
+    step_format: str = field(default="r3", metadata={"help": "step format of the r3 method and the baselines"})
+    naive_topk: int = field(default=16, metadata={"help": "naive_rag: documents retrieved with the question"})
+    max_questions: int = field(default=0, metadata={"help": "first N questions of each dataset (0: all)"})
+    concurrency: int = field(default=32, metadata={"help": "questions in flight (they share batched generation)"})
+    abort_after_failures: int = field(
+        default=20, metadata={"help": "stop when this many questions in a row fail for good (engine or retrieval)"}
+    )
+
+    def __post_init__(self) -> None:
+        if not self.data:
+            raise ValueError("data is required: one or more FlashRAG dataset files, comma-separated")
+        if self.naive_topk < 1 or self.concurrency < 1 or self.abort_after_failures < 1:
+            raise ValueError("naive_topk, concurrency and abort_after_failures must be at least 1")
+        if self.max_questions < 0:
+            raise ValueError(f"max_questions must be 0 or more, got {self.max_questions}")
+
+
+SECTIONS = [
+    ("", EvalRunConfig),
+    ("env.", EnvConfig),
+    ("engine.", EngineConfig),
+    ("generation.", GenerationConfig),
+    ("retrieval.", RetrievalSource),
+]
+
+
+class EvalAborted(RuntimeError):
+    """Too many questions in a row failed; what finished is kept."""
+
+
+@dataclass
+class RunStats:
+    todo: int = 0
+    done: int = 0
+    failed: int = 0
+    skipped: int = 0  # already in predictions.jsonl
+    wall_s: float = 0.0
+    busy_s: float | None = None  # the model generating (None: the engine cannot tell)
+    last_error: str = ""
+
+    @property
+    def questions_per_s(self) -> float:
+        return self.done / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def generation_share(self) -> float | None:
+        return self.busy_s / self.wall_s if self.busy_s is not None and self.wall_s else None
+
+
+def retriever_label(config: EvalRunConfig, retrieval: RetrievalSource, method: Method) -> str:
+    if config.retriever_name:
+        return config.retriever_name
+    if not method.retrieves:
+        return "none"
+    if retrieval.config:
+        retriever = retriever_config(retrieval.config)
+        model = Path(retriever.retrieval_model_path).name if retriever.retrieval_method != "bm25" else ""
+        return f"{retriever.retrieval_method}:{model}" if model else retriever.retrieval_method
+    return "service"
+
+
+def manifest(
+    config: EvalRunConfig,
+    env: EnvConfig,
+    engine: EngineConfig,
+    generation: GenerationConfig,
+    retrieval: RetrievalSource,
+    method: Method,
+) -> dict[str, Any]:
+    """``run.json``: everything that changes what a row means, and the labels reports use."""
+    return {
+        "name": config.name or Path(config.out).name,
+        **method.settings(),
+        "retriever": retriever_label(config, retrieval, method),
+        "model": engine.model,
+        "engine": engine.kind,
+        "chat_template": engine.chat_template if engine.kind != "openai" else "server",
+        "step_format": config.step_format,
+        "naive_topk": config.naive_topk if config.method == "naive_rag" else None,
+        "env": asdict(env),
+        "generation": asdict(generation),
+    }
+
+
+def batched_search(retriever: Any) -> Any:
+    """``search(query, k)`` that shares one retrieval request among the questions in flight, per k."""
+    batchers: dict[int, Coalescer[str, list[Hit]]] = {}
+
+    async def search(query: str, k: int) -> list[Hit]:
+        batcher = batchers.get(k)
+        if batcher is None:
+            batcher = batchers[k] = Coalescer(
+                lambda queries: retriever.search(queries, k), 64, 0.005, "retrieval", RetrievalServiceError
+            )
+        return await batcher.submit(query)
+
+    return search
+
+
+async def _no_retriever(query: str, k: int) -> list[Hit]:
+    raise RuntimeError("this method retrieves nothing")
+
+
+def prediction_row(question: Question, method: str, fields: dict[str, Any], time_s: float) -> dict[str, Any]:
+    item = question.item
+    return {
+        "id": question.key,
+        "question_id": item.id,
+        "dataset": question.dataset,
+        "method": method,
+        "question": item.question,
+        "golden_answers": item.golden_answers,
+        "gold_ids": read_label(item.to_json()).gold_ids,
+        **fields,
+        "time_s": round(time_s, 4),
+    }
+
+
+async def _run(
+    method: Method,
+    ctx: MethodContext,
+    todo: list[Question],
+    writer: JsonlWriter,
+    stats: RunStats,
+    config: EvalRunConfig,
+) -> None:
+    queue: asyncio.Queue[Question] = asyncio.Queue()
+    for question in todo:
+        queue.put_nowait(question)
+    consecutive, answered = 0, 0
+    bar = tqdm(total=len(todo), desc=f"eval {method.name}", unit=" questions", mininterval=1.0)
+    abort = asyncio.Event()
+
+    async def worker() -> None:
+        nonlocal consecutive, answered
+        while not queue.empty() and not abort.is_set():
+            question = queue.get_nowait()
+            started = time.perf_counter()
+            try:
+                fields = await method.answer(ctx, question.item)
+            except FAILURES as error:
+                stats.failed += 1
+                consecutive += 1
+                stats.last_error = str(error)
+                logger.warning("%s failed: %s", question.key, error)
+                if consecutive >= config.abort_after_failures and not queue.empty():
+                    abort.set()
+                bar.update()
+                continue
+            consecutive = 0
+            writer.write(prediction_row(question, method.name, fields, time.perf_counter() - started))
+            stats.done += 1
+            answered += fields["answer"] is not None
+            bar.update()
+            bar.set_postfix(answered=f"{answered / stats.done:.0%}", failed=stats.failed, refresh=False)
+
+    workers = [asyncio.create_task(worker()) for _ in range(min(config.concurrency, len(todo)) or 1)]
+    try:
+        await asyncio.gather(*workers)
+    except BaseException:  # a bug or an interrupt in one worker: stop the others before the file closes
+        for task in workers:
+            task.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        raise
+    finally:
+        bar.close()
+    if abort.is_set():
+        raise EvalAborted(
+            f"stopped after {config.abort_after_failures} questions in a row failed; last error: {stats.last_error}. "
+            f"The {stats.done} questions finished in this run are kept; rerun the same command to resume."
+        )
+
+
+async def run_eval(
+    config: EvalRunConfig,
+    env: EnvConfig,
+    engine_config: EngineConfig,
+    generation: GenerationConfig,
+    retrieval: RetrievalSource,
+    engine: Engine | None = None,
+    retriever: Any = None,
+) -> RunStats:
+    """Evaluate ``config.method`` into ``config.out``; returns this invocation's stats.
+
+    ``engine``/``retriever`` may be given directly (a loaded model, an in-process retriever);
+    by default they come from ``engine_config`` and ``retrieval``.
+    """
+    out = Path(config.out)
+    method = get_method(config.method)
+    predictions = out / PREDICTIONS
+    check_manifest(out / MANIFEST, predictions, manifest(config, env, engine_config, generation, retrieval, method))
+    questions = load_questions(dataset_paths(config.data), config.max_questions)
+    done = existing_ids(predictions)
+    todo = [q for q in questions if q.key not in done]
+    stats = RunStats(todo=len(todo), skipped=len(questions) - len(todo))
+    if stats.skipped:
+        logger.info("resuming: %d questions already in %s, %d to go", stats.skipped, predictions, len(todo))
+    if not todo:
+        return stats
+
+    owned = []
+    if retriever is None and method.retrieves:
+        retriever = retrieval.open()
+        owned.append(retriever)
+    if engine is None:
+        engine = make_engine(engine_config, generation, max_connections=config.concurrency)
+        owned.append(engine)
+    busy_before = engine.busy_s
+    search = batched_search(retriever) if method.retrieves else _no_retriever
+    ctx = MethodContext(engine, env, search, config.step_format, config.naive_topk)
+    started = time.perf_counter()
+    try:
+        with JsonlWriter(predictions) as writer:
+            await _run(method, ctx, todo, writer, stats, config)
+    finally:
+        stats.wall_s = time.perf_counter() - started
+        if engine.busy_s is not None:
+            stats.busy_s = engine.busy_s - (busy_before or 0.0)
+        with JsonlWriter(out / "runs.jsonl") as log:
+            log.write({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **asdict(stats)})
+        for resource in owned:
+            await resource.aclose()
+    return stats
+
+
+def format_stats(stats: RunStats, out: str) -> str:
+    share = stats.generation_share
+    lines = [
+        f"Evaluation -> {out}/{PREDICTIONS}",
+        f"  this run: {stats.done:,} questions in {stats.wall_s:.1f} s ({stats.questions_per_s:.2f} questions/s), "
+        f"{stats.failed:,} failed, {stats.skipped:,} already done",
+    ]
+    if share is not None:
+        lines.append(f"  the model generated for {share:.1%} of the wall time (harness overhead {1 - share:.1%})")
+    lines.append(f"  next: r3rag eval score --run {out}")
+    return "\n".join(lines)
+
+
+def read_manifest(run: Path) -> dict[str, Any]:
+    path = run / MANIFEST
+    if not path.exists():
+        raise ValueError(f"{run} is not an evaluation run (no {MANIFEST}); make one with `r3rag eval run --out {run}`")
+    return json.loads(path.read_text())

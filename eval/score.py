@@ -1,0 +1,209 @@
+"""``r3rag eval score``: metrics of a run, per dataset and per step cutoff.
+
+Reads ``predictions.jsonl`` and writes
+
+- ``scores.json``: per dataset and on average (the unweighted mean over datasets, the paper's
+  Average), for every step cutoff: ACC, EM, F1, sub-EM, the answered share, average steps,
+  retrievals and documents read, and (for datasets naming gold passages) Recall, Full-Recall
+  and mAP (see :mod:`eval.metrics`);
+- ``question_scores.jsonl``: each question's scores at the run's own step limit, with the judge's
+  verdict, for the report's trajectory browser;
+- ``judgements.jsonl``, append-only: the judge's verdict per question and answer, so rescoring
+  (other cutoffs, a report) never asks the judge twice.
+
+ACC is the reward server's ``/correctness`` (string match first, then the judge, as in training);
+without ``judge.url`` it is left empty rather than replaced by string match.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from tqdm import tqdm
+
+from eval.metrics import aggregate, average, question_metrics
+from eval.run import PREDICTIONS, read_manifest
+from r3_env.batching import Coalescer
+from r3_env.data import JsonlWriter, iter_jsonl, write_jsonl
+from r3_env.reward_client import AsyncRewardClient, RewardServiceError, check_answer
+from r3_env.runs import JudgeConfig
+
+logger = logging.getLogger(__name__)
+
+JUDGEMENTS = "judgements.jsonl"
+
+
+@dataclass(frozen=True)
+class ScoreConfig:
+    run: str = field(default="", metadata={"help": "run folder written by r3rag eval run"})
+    cutoffs: str = field(default="", metadata={"help": "step cutoffs, comma-separated (default: 1 to env.max_steps)"})
+
+    def __post_init__(self) -> None:
+        if not self.run:
+            raise ValueError("run is required: the folder an `r3rag eval run --out` wrote")
+        self.cutoff_list(1)
+
+    def cutoff_list(self, max_steps: int) -> list[int]:
+        if not self.cutoffs:
+            return list(range(1, max_steps + 1))
+        try:
+            values = sorted({int(part) for part in self.cutoffs.split(",") if part.strip()})
+        except ValueError:
+            raise ValueError(f"cutoffs must be whole numbers separated by commas, got {self.cutoffs!r}") from None
+        if not values or values[0] < 1:
+            raise ValueError(f"cutoffs must be 1 or more, got {self.cutoffs!r}")
+        return values
+
+
+SECTIONS = [("", ScoreConfig), ("judge.", JudgeConfig)]
+
+
+def read_predictions(run: Path) -> list[dict[str, Any]]:
+    path = run / PREDICTIONS
+    if not path.exists():
+        raise ValueError(f"{run} has no {PREDICTIONS}; run `r3rag eval run --out {run}` first")
+    rows: dict[str, dict[str, Any]] = {}
+    for _, row in iter_jsonl(path):
+        rows[row["id"]] = row
+    return list(rows.values())
+
+
+def _judge_key(row: dict[str, Any]) -> str:
+    return json.dumps([row["id"], row["answer"]])
+
+
+async def judge_answers(rows: list[dict[str, Any]], judge: JudgeConfig, run: Path) -> dict[str, dict[str, Any]]:
+    """The judge's verdict on every answered question, from ``judgements.jsonl`` or asked now (and appended)."""
+    path = run / JUDGEMENTS
+    known = {_judge_key(row): row for _, row in iter_jsonl(path)} if path.exists() else {}
+    todo = [row for row in rows if row.get("answer") is not None and _judge_key(row) not in known]
+    if todo:
+        client = AsyncRewardClient(judge.url, timeout=judge.timeout_s, retries=judge.retries)
+        batcher = Coalescer(lambda items: client.correctness(items), 64, 0.005, "correctness", RewardServiceError)
+        bar = tqdm(total=len(todo), desc="judging", unit=" answers", mininterval=1.0)
+
+        async def one(row: dict[str, Any], writer: JsonlWriter) -> None:
+            verdict = await check_answer(row["question"], row["answer"], row["golden_answers"], batcher.submit)
+            entry = {"id": row["id"], "answer": row["answer"], "score": verdict.score}
+            entry.update(method=verdict.method, fallback=verdict.fallback)
+            writer.write(entry)
+            known[_judge_key(row)] = entry
+            bar.update()
+
+        try:
+            with JsonlWriter(path) as writer:
+                await asyncio.gather(*(one(row, writer) for row in todo))
+        finally:
+            bar.close()
+            await client.aclose()
+    return {row["id"]: known[_judge_key(row)] for row in rows if row.get("answer") is not None}
+
+
+def judge_name(url: str) -> str:
+    """The judge the reward server runs, as its /health names it (the URL if it does not answer)."""
+    try:
+        return str(httpx.get(url.rstrip("/") + "/health", timeout=10).json().get("judge") or url)
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return url
+
+
+def score_rows(
+    rows: list[dict[str, Any]], cutoffs: list[int], verdicts: dict[str, dict[str, Any]] | None
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(the scores.json body, the per-question scores at the last cutoff)."""
+    by_dataset: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        by_dataset[row["dataset"]].append(row)
+    final = cutoffs[-1]
+    datasets: dict[str, Any] = {}
+    per_question: list[dict[str, Any]] = []
+    for name in sorted(by_dataset):
+        group = by_dataset[name]
+        cells = {}
+        for cutoff in cutoffs:
+            metrics = []
+            for row in group:
+                verdict = None
+                if verdicts is not None:
+                    entry = verdicts.get(row["id"])
+                    verdict = float(entry is not None and entry["score"] >= 0.5)
+                metric = question_metrics(row, cutoff, verdict)
+                metrics.append(metric)
+                if cutoff == final:
+                    per_question.append(_question_row(row, metric, verdicts))
+            cells[str(cutoff)] = aggregate(metrics)
+        datasets[name] = {"questions": len(group), "by_cutoff": cells, "final": cells[str(final)]}
+    by_cutoff = {str(c): average([d["by_cutoff"][str(c)] for d in datasets.values()]) for c in cutoffs}
+    body = {
+        "cutoffs": cutoffs,
+        "datasets": datasets,
+        "average": {"by_cutoff": by_cutoff, "final": by_cutoff[str(final)]},
+    }
+    return body, per_question
+
+
+def _question_row(row: dict[str, Any], metric: dict[str, Any], verdicts: dict | None) -> dict[str, Any]:
+    entry = (verdicts or {}).get(row["id"])
+    retrieval = metric["retrieval"] or {}
+    return {
+        "id": row["id"],
+        "dataset": row["dataset"],
+        "em": metric["em"],
+        "f1": metric["f1"],
+        "sub_em": metric["sub_em"],
+        "acc": metric["acc"],
+        "judge": {k: entry[k] for k in ("score", "method", "fallback")} if entry else None,
+        "correct": bool(metric["acc"] if metric["acc"] is not None else metric["em"]),
+        "recall": retrieval.get("recall"),
+        "full_recall": retrieval.get("full_recall"),
+        "ap": retrieval.get("ap"),
+    }
+
+
+async def score_run(config: ScoreConfig, judge: JudgeConfig) -> dict[str, Any]:
+    """Score ``config.run``; writes scores.json and question_scores.jsonl and returns the scores."""
+    run = Path(config.run)
+    info = read_manifest(run)
+    rows = read_predictions(run)
+    if not rows:
+        raise ValueError(f"{run / PREDICTIONS} is empty; let `r3rag eval run` finish at least one question")
+    cutoffs = config.cutoff_list(int(info["env"]["max_steps"]))
+    verdicts = await judge_answers(rows, judge, run) if judge.url else None
+    body, per_question = score_rows(rows, cutoffs, verdicts)
+    scores = {"run": info, "judge": judge_name(judge.url) if judge.url else None, **body}
+    (run / "scores.json").write_text(json.dumps(scores, indent=2) + "\n")
+    write_jsonl(run / "question_scores.jsonl", per_question)
+    return scores
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}"
+
+
+def format_scores(scores: dict[str, Any]) -> str:
+    run = scores["run"]
+    lines = [
+        f"{run['name']}: {run['method']} ({run['retriever']}), {run['model']}, judge: {scores['judge'] or 'none'}",
+        f"  {'dataset':<20}{'n':>6}{'ACC':>7}{'EM':>7}{'F1':>7}{'answered':>10}{'steps':>7}{'docs':>7}"
+        f"{'recall':>8}{'full':>7}{'mAP':>7}",
+    ]
+    named = [*scores["datasets"].items(), ("average", {"questions": "", "final": scores["average"]["final"]})]
+    for name, data in named:
+        m = data["final"]
+        lines.append(
+            f"  {name:<20}{data['questions']!s:>6}{_pct(m['acc']):>7}{_pct(m['em']):>7}{_pct(m['f1']):>7}"
+            f"{_pct(m['answered']):>10}{m['avg_steps']:>7.2f}{m['avg_docs']:>7.1f}{_pct(m['recall']):>8}"
+            f"{_pct(m['full_recall']):>7}{_pct(m['map']):>7}"
+        )
+    curve = scores["average"]["by_cutoff"]
+    metric = "acc" if scores["judge"] else "em"
+    points = ", ".join(f"{c}: {_pct(curve[str(c)][metric])}" for c in scores["cutoffs"])
+    lines.append(f"  {metric.upper()} by max steps (average): {points}")
+    return "\n".join(lines)

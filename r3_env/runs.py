@@ -1,0 +1,133 @@
+"""What every run over FlashRAG datasets shares: named questions, a settings manifest, a retrieval source.
+
+Cold-start synthesis and evaluation both write append-only folders that a rerun resumes. Their
+rows are keyed ``DATASET/QUESTION_ID`` (a dataset is named by its folder, FlashRAG's layout
+``DATASET/split.jsonl``), and the settings a folder was made with are recorded beside the rows so
+a resumed run cannot mix in rows made with other ones.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from r3_env.config import configs_from_values, load_yaml
+from r3_env.data import QAItem, existing_ids, read_dataset
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RetrievalSource:
+    """Where documents come from: the retrieval service, or a retriever loaded in this process."""
+
+    url: str = field(default="", metadata={"help": "retrieval service URL (r3rag retriever serve)"})
+    config: str = field(default="", metadata={"help": "or: a retriever YAML (as for r3rag retriever serve --config)"})
+    timeout_s: float = field(default=60.0, metadata={"help": "per request"})
+    retries: int = field(default=3, metadata={"help": "per request"})
+
+    def __post_init__(self) -> None:
+        if self.url and self.config:
+            raise ValueError("give exactly one of retrieval.url (a running service) or retrieval.config (a YAML file)")
+
+    @property
+    def given(self) -> bool:
+        return bool(self.url or self.config)
+
+    def open(self) -> Any:
+        """The async retriever: the service's client, or the YAML's retriever in a worker thread."""
+        from r3_env.retrieval import open_async_retriever
+
+        if not self.given:
+            raise ValueError("give exactly one of retrieval.url (a running service) or retrieval.config (a YAML file)")
+        if self.url:
+            return open_async_retriever(self.url, timeout=self.timeout_s, retries=self.retries)
+        return open_async_retriever(config=retriever_config(self.config))
+
+
+@dataclass(frozen=True)
+class JudgeConfig:
+    """The correctness judge, for answers that do not match a golden answer as strings."""
+
+    url: str = field(default="", metadata={"help": "reward server URL (r3rag reward serve); empty: match only"})
+    timeout_s: float = field(default=300.0, metadata={"help": "per request"})
+    retries: int = field(default=3, metadata={"help": "per request"})
+
+
+def retriever_config(path: str) -> Any:
+    """The retriever of a YAML file written for ``r3rag retriever serve --config`` (its service keys are ignored)."""
+    from r3_env.retrieval.cli import SERVE_SECTIONS
+    from r3_env.retrieval.config import FLASHRAG_IGNORED_KEYS
+
+    values = {key: value for key, value in load_yaml(path).items() if key not in FLASHRAG_IGNORED_KEYS}
+    return configs_from_values(values, SERVE_SECTIONS, where=path)[0]
+
+
+@dataclass(frozen=True)
+class Question:
+    dataset: str
+    item: QAItem
+
+    @property
+    def key(self) -> str:
+        return f"{self.dataset}/{self.item.id}"
+
+
+def dataset_paths(data: str) -> list[Path]:
+    """The files of a comma-separated ``data`` value."""
+    return [Path(part.strip()) for part in data.split(",") if part.strip()]
+
+
+def dataset_names(paths: list[Path]) -> list[str]:
+    """Each file's dataset name: its folder (FlashRAG layout: DATASET/split.jsonl), else its file name."""
+    names = [path.parent.name or path.stem for path in paths]
+    if len(set(names)) < len(names):
+        names = [path.stem if names.count(name) > 1 else name for path, name in zip(paths, names, strict=True)]
+    if len(set(names)) < len(names):
+        raise ValueError(
+            f"data: {', '.join(map(str, paths))} do not have distinct names (their folder, else their file name); "
+            "give each dataset its own folder (FlashRAG layout: DATASET/split.jsonl) and list each once"
+        )
+    return names
+
+
+def load_questions(paths: list[Path], max_questions: int = 0) -> list[Question]:
+    """The questions of every dataset file (the first ``max_questions`` of each when set), named by dataset."""
+    questions = []
+    for path, name in zip(paths, dataset_names(paths), strict=True):
+        items = read_dataset(path)
+        if max_questions:
+            items = items[:max_questions]
+        questions += [Question(name, item) for item in items]
+        logger.info("%s: %d questions from %s", name, len(items), path)
+    return questions
+
+
+def _dotted(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            flat.update(_dotted(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def check_manifest(manifest: Path, rows: Path, settings: dict[str, Any]) -> None:
+    """Record the settings in ``manifest``, or refuse to add to ``rows`` made with other ones."""
+    if manifest.exists() and existing_ids(rows):
+        old = json.loads(manifest.read_text())
+        if old != settings:
+            before, now = _dotted(old), _dotted(settings)
+            keys = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+            changed = [f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in keys]
+            raise ValueError(
+                f"{rows.parent} holds rows made with other settings ({'; '.join(changed)}); "
+                f"choose another --out, or rerun with the settings recorded in {manifest}"
+            )
+        return
+    manifest.parent.mkdir(parents=True, exist_ok=True)  # no row yet: (re)record the settings
+    manifest.write_text(json.dumps(settings, indent=2) + "\n")

@@ -1,0 +1,313 @@
+"""The evaluation harness: metrics on hand-checked examples, run + score end to end, resume after a kill, the judge.
+
+Runs use a real tiny transformer (HFEngine) and a real BM25 index over a generated world. The
+tiny model's weights are random, so HFEngine's constrained decoding writes the planned steps
+(every forward pass still runs); free generation is used where its junk is what is tested.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+from conftest import (
+    CHATML_TEMPLATE,
+    ROOT,
+    Script,
+    ServiceProcess,
+    answer_step,
+    make_tokenizer,
+    query_step,
+    save_tiny_causal_lm,
+)
+
+from eval.engines import EngineConfig, GenerationConfig, TokenEngine
+from eval.metrics import aggregate, answer_scores, average, question_metrics, retrieval_scores
+from eval.run import EvalRunConfig, run_eval
+from eval.score import ScoreConfig, score_run
+from r3_env.data import iter_jsonl, read_dataset
+from r3_env.env import EnvConfig
+from r3_env.hf_engine import HFEngine, SamplingParams
+from r3_env.retrieval.index_builder import IndexBuildConfig, build_index
+from r3_env.runs import JudgeConfig, RetrievalSource
+from r3_env.world.build import WorldConfig, generate_world
+
+# -- metrics on hand-checked examples -----------------------------------------------------------------
+
+
+def test_answer_scores_follow_flashrag():
+    assert answer_scores("The Eiffel Tower.", ["eiffel tower"]) == {"em": 1.0, "f1": 1.0, "sub_em": 1.0}
+    scores = answer_scores("Paris, France", ["Paris"])  # tokens: paris france / paris
+    assert scores["em"] == 0.0 and scores["sub_em"] == 1.0 and scores["f1"] == pytest.approx(2 / 3)
+    assert answer_scores("", ["Paris"]) == {"em": 0.0, "f1": 0.0, "sub_em": 0.0}
+    assert answer_scores("no", ["not known"])["f1"] == 0.0  # yes/no/noanswer only match themselves
+
+
+def test_retrieval_scores_by_hand():
+    # gold a, b found at ranks 1 and 3: AP = (1/1 + 2/3) / 2
+    assert retrieval_scores(["a", "x", "b"], ["a", "b"]) == pytest.approx(
+        {"recall": 1.0, "full_recall": 1.0, "ap": (1 + 2 / 3) / 2}
+    )
+    # only b found, at rank 2: AP = (1/2) / 2
+    assert retrieval_scores(["x", "b", "y"], ["a", "b"]) == pytest.approx(
+        {"recall": 0.5, "full_recall": 0.0, "ap": 0.25}
+    )
+    assert retrieval_scores(["x"], []) is None
+
+
+def _row(num_steps: int, answer: str | None, docs_per_step: list[list[str]], gold=("g1", "g2")) -> dict:
+    steps = [
+        {"analysis": "a", "query": "q", "documents": [{"id": d, "contents": d} for d in ids]} for ids in docs_per_step
+    ]
+    if answer is not None:
+        steps.append({"analysis": "a", "answer": answer})
+    return {"id": "d/1", "dataset": "d", "golden_answers": ["Paris"], "gold_ids": list(gold), "answer": answer,
+            "prediction": answer or "", "steps": steps, "num_steps": num_steps}  # fmt: skip
+
+
+def test_step_cutoffs_drop_late_answers_and_late_documents():
+    row = _row(3, "Paris", [["g1", "x"], ["y", "g2"]])  # answers at step 3 after two retrievals
+    late = question_metrics(row, 2, verdict=1.0)
+    assert late["answered"] == 0.0 and late["em"] == 0.0 and late["acc"] == 0.0  # no answer within 2 steps
+    assert late["retrieval"] == pytest.approx({"recall": 1.0, "full_recall": 1.0, "ap": (1 / 1 + 2 / 4) / 2})
+    assert late["steps"] == 2 and late["retrievals"] == 2 and late["docs"] == 4
+    early = question_metrics(row, 1, verdict=1.0)
+    assert early["retrieval"] == pytest.approx({"recall": 0.5, "full_recall": 0.0, "ap": (1 / 1) / 2})
+    full = question_metrics(row, 5, verdict=1.0)
+    assert full["answered"] == 1.0 and full["em"] == 1.0 and full["acc"] == 1.0 and full["steps"] == 3
+    unjudged = question_metrics(row, 5, verdict=None)
+    assert unjudged["acc"] is None
+
+
+def test_aggregate_and_average():
+    right = question_metrics(_row(2, "Paris", [["g1", "g2"]]), 5, verdict=1.0)
+    wrong = question_metrics(_row(2, "Rome", [["x"]], gold=()), 5, verdict=0.0)
+    cell = aggregate([right, wrong])
+    assert cell["acc"] == 0.5 and cell["em"] == 0.5 and cell["avg_docs"] == 1.5 and cell["avg_steps"] == 2.0
+    assert cell["recall"] == 1.0 and cell["gold_questions"] == 1  # only the question with gold counts
+    half_judged = aggregate([right, question_metrics(_row(2, "Rome", [["x"]]), 5, verdict=None)])
+    assert half_judged["acc"] is None  # ACC is all or nothing: a partial judge must not look like a full one
+    both = average([cell, {**cell, "acc": 1.0, "recall": None}])
+    assert both["acc"] == 0.75 and both["recall"] is None and both["gold_questions"] == 2
+
+
+# -- run and score end to end ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("eval")
+    generate_world(WorldConfig(entities=200, seed=3, bm25_check=0), root / "world")
+    index = build_index(IndexBuildConfig(corpus_path=str(root / "world" / "corpus.jsonl"), save_dir=str(root / "idx")))
+    retriever_yaml = root / "retriever.yaml"
+    retriever_yaml.write_text(yaml.safe_dump({"retrieval_method": "bm25", "index_path": str(index)}))
+    dev = root / "world" / "dev.jsonl"
+    return {"root": root, "retriever": str(retriever_yaml), "dev": dev, "items": read_dataset(dev)}
+
+
+@pytest.fixture(scope="module")
+def tiny(world, bpe_backend):
+    tokenizer = make_tokenizer(bpe_backend, CHATML_TEMPLATE)
+    return save_tiny_causal_lm(world["root"] / "tiny", tokenizer)
+
+
+def scripted_engine(folder, plans: dict) -> TokenEngine:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    generator = HFEngine(AutoModelForCausalLM.from_pretrained(folder), tokenizer, script=Script(tokenizer, plans))
+    return TokenEngine(generator, tokenizer, "auto", GenerationConfig(), 4096, "tiny", SamplingParams)
+
+
+def test_run_and_score_a_scripted_policy(world, tiny, tmp_path):
+    """Three questions with known trajectories: metrics per cutoff are checked against hand counts."""
+    right, wrong, endless = world["items"][:3]
+    plans = {
+        right.question: [query_step("first", "q one"), query_step("second", "q two"),
+                         answer_step("done", right.golden_answers[0])],
+        wrong.question: [query_step("look", "q"), answer_step("guess", "Nobody In Particular")],
+        endless.question: [query_step("again", "more")],  # searches until max_steps: no answer
+    }  # fmt: skip
+    out = tmp_path / "run"
+    config = EvalRunConfig(data=str(world["dev"]), out=str(out), max_questions=3, concurrency=3)
+    engine_config = EngineConfig(model=str(tiny))
+    stats = asyncio.run(
+        run_eval(config, EnvConfig(max_steps=4, topk=3), engine_config, GenerationConfig(),
+                 RetrievalSource(config=world["retriever"]), engine=scripted_engine(tiny, plans))
+    )  # fmt: skip
+    assert (stats.done, stats.failed, stats.skipped) == (3, 0, 0) and stats.busy_s > 0
+    rows = {row["question"]: row for _, row in iter_jsonl(out / "predictions.jsonl")}
+    assert rows[right.question]["num_steps"] == 3 and rows[right.question]["num_retrievals"] == 2
+    assert [s.get("query") for s in rows[right.question]["steps"]] == ["q one", "q two", None]
+    assert all(len(s["documents"]) == 3 for s in rows[right.question]["steps"][:2])
+    assert rows[endless.question]["answer"] is None and rows[endless.question]["num_retrievals"] == 4
+    assert rows[wrong.question]["gold_ids"] == wrong.metadata["supporting_passage_ids"]
+    manifest = json.loads((out / "run.json").read_text())
+    assert manifest["method"] == "r3" and manifest["retriever"] == "bm25" and manifest["env"]["topk"] == 3
+
+    scores = asyncio.run(score_run(ScoreConfig(run=str(out)), JudgeConfig()))
+    cell = scores["datasets"]["world"]
+    assert scores["cutoffs"] == [1, 2, 3, 4] and scores["judge"] is None
+    assert cell["final"]["em"] == pytest.approx(1 / 3) and cell["final"]["acc"] is None
+    assert cell["by_cutoff"]["2"]["em"] == 0.0  # the right answer came at step 3
+    assert cell["by_cutoff"]["2"]["answered"] == pytest.approx(1 / 3)  # only the wrong one answered by step 2
+    assert cell["final"]["avg_steps"] == pytest.approx((3 + 2 + 4) / 3)
+    assert cell["final"]["avg_docs"] == pytest.approx((6 + 3 + 12) / 3)
+    per_question = {row["id"]: row for _, row in iter_jsonl(out / "question_scores.jsonl")}
+    assert per_question[f"world/{right.id}"]["correct"] and not per_question[f"world/{wrong.id}"]["correct"]
+
+
+def test_baselines_share_the_harness(world, tiny, tmp_path):
+    item = world["items"][0]
+    fmt_answer = answer_step("thinking", item.golden_answers[0])
+    engine = scripted_engine(tiny, {item.question: [fmt_answer]})
+    source = RetrievalSource(config=world["retriever"])
+    for method in ("direct", "naive_rag"):
+        out = tmp_path / method
+        config = EvalRunConfig(data=str(world["dev"]), out=str(out), method=method, max_questions=1, naive_topk=7)
+        asyncio.run(
+            run_eval(config, EnvConfig(), EngineConfig(model=str(tiny)), GenerationConfig(), source, engine=engine)
+        )
+        [(_, row)] = list(iter_jsonl(out / "predictions.jsonl"))
+        assert row["answer"] == item.golden_answers[0] and row["answer_source"] == "format"
+        assert row["num_retrievals"] == (method == "naive_rag") and row["num_docs"] == (
+            7 if method == "naive_rag" else 0
+        )
+        scores = asyncio.run(score_run(ScoreConfig(run=str(out)), JudgeConfig()))
+        assert scores["average"]["final"]["em"] == 1.0
+        assert json.loads((out / "run.json").read_text())["retriever"] == ("bm25" if method == "naive_rag" else "none")
+
+
+def test_react_runs_the_same_episode_in_its_own_format(world, tiny, tmp_path):
+    from r3_env.protocol import Step, get_format
+
+    react = get_format("react")
+    item = world["items"][1]
+    steps = [react.render_step(Step("need the facts", query="who")), react.render_step(Step("so", answer="X"))]
+    plans = {item.question: steps}
+
+    class ReactScript(Script):  # the document turns of ReAct are observations, not R3's numbered blocks
+        def __call__(self, prompt_ids):
+            text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+            if item.question not in text:
+                return None
+            return self.tokenizer(steps[min(text.count("Observation:"), 1)], add_special_tokens=False)["input_ids"]
+
+    engine = scripted_engine(tiny, plans)
+    engine.generator.script = ReactScript(engine.tokenizer, plans)
+    out = tmp_path / "react"
+    config = EvalRunConfig(data=str(world["dev"]), out=str(out), method="react", max_questions=2)
+    source = RetrievalSource(config=world["retriever"])
+    asyncio.run(run_eval(config, EnvConfig(), EngineConfig(model=str(tiny)), GenerationConfig(), source, engine=engine))
+    rows = {row["question"]: row for _, row in iter_jsonl(out / "predictions.jsonl")}
+    assert [s.get("query") for s in rows[item.question]["steps"]] == ["who", None]
+    assert rows[item.question]["answer"] == "X"
+
+
+def test_rerun_with_other_settings_is_refused(world, tiny, tmp_path):
+    engine = scripted_engine(tiny, {})
+    source = RetrievalSource(config=world["retriever"])
+    config = EvalRunConfig(data=str(world["dev"]), out=str(tmp_path / "r"), max_questions=1)
+    env = EnvConfig(max_step_tokens=8)
+    asyncio.run(run_eval(config, env, EngineConfig(model=str(tiny)), GenerationConfig(), source, engine=engine))
+    with pytest.raises(ValueError, match=r"env.topk: 5 -> 3.*choose another --out"):
+        asyncio.run(run_eval(config, EnvConfig(max_step_tokens=8, topk=3), EngineConfig(model=str(tiny)),
+                             GenerationConfig(), source, engine=engine))  # fmt: skip
+
+
+def _eval_command(world, tiny, out, questions: int) -> list[str]:
+    return [sys.executable, "-m", "r3_env.cli", "eval", "run", "--data", str(world["dev"]), "--out", str(out),
+            "--max_questions", str(questions), "--engine.model", str(tiny), "--engine.max_batch", "1",
+            "--concurrency", "1", "--env.max_step_tokens", "24", "--retrieval.config", world["retriever"]]  # fmt: skip
+
+
+def test_a_killed_run_resumes_without_duplicates_or_gaps(world, tiny, tmp_path):
+    out = tmp_path / "killed"
+    questions = 40
+    process = subprocess.Popen(_eval_command(world, tiny, out, questions), cwd=ROOT, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    predictions = out / "predictions.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and process.poll() is None:
+        if predictions.exists() and len(predictions.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, "the run finished before it could be killed; give it more questions"
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    before = len(list(iter_jsonl(predictions)))
+    assert 3 <= before < questions
+    finished = subprocess.run(_eval_command(world, tiny, out, questions), cwd=ROOT, capture_output=True, text=True)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    assert f"{before:,} already done" in finished.stdout
+    ids = [row["id"] for _, row in iter_jsonl(predictions)]
+    expected = [f"world/{item.id}" for item in world["items"][:questions]]
+    assert len(ids) == len(set(ids)) == questions and set(ids) == set(expected)
+
+
+def test_judge_acc_through_the_reward_server_is_cached(world, tiny, tmp_path):
+    """ACC from a real reward server (lexical judge) on a real port; rescoring never asks it again."""
+    items = world["items"][:2]
+    plans = {items[0].question: [answer_step("a", f"it is {items[0].golden_answers[0]} indeed")],
+             items[1].question: [answer_step("b", "Nobody In Particular")]}  # fmt: skip
+    out = tmp_path / "judged"
+    config = EvalRunConfig(data=str(world["dev"]), out=str(out), max_questions=2)
+    asyncio.run(run_eval(config, EnvConfig(), EngineConfig(model=str(tiny)), GenerationConfig(),
+                         RetrievalSource(config=world["retriever"]), engine=scripted_engine(tiny, plans)))  # fmt: skip
+    reward_yaml = tmp_path / "reward.yaml"
+    reward_yaml.write_text(yaml.safe_dump({"judge": {"backend": "lexical"}}))
+    with ServiceProcess(["reward", "serve", "--config", str(reward_yaml)]) as service:
+        scores = asyncio.run(score_run(ScoreConfig(run=str(out)), JudgeConfig(url=service.url)))
+    assert scores["judge"] == "lexical"
+    final = scores["datasets"]["world"]["final"]
+    assert final["acc"] == 0.5 and final["em"] == 0.0  # the long right answer is not an exact match
+    judged = [row for _, row in iter_jsonl(out / "judgements.jsonl")]
+    assert len(judged) == 2 and {row["method"] for row in judged} == {"match", "judge"}
+    again = asyncio.run(score_run(ScoreConfig(run=str(out), cutoffs="1"), JudgeConfig(url=service.url)))  # down now
+    assert again["datasets"]["world"]["final"]["acc"] == 0.5 and len(list(iter_jsonl(out / "judgements.jsonl"))) == 2
+
+
+def test_bad_input_names_the_field(world, tmp_path):
+    from conftest import run_r3rag
+
+    result = run_r3rag("eval", "run", "--data", str(world["dev"]), "--out", str(tmp_path / "x"))
+    assert result.returncode == 2 and "engine.model is required" in result.stderr and "Traceback" not in result.stderr
+    result = run_r3rag("eval", "score", "--run", str(tmp_path / "nothing"))
+    assert result.returncode == 2 and "r3rag eval run --out" in result.stderr and "Traceback" not in result.stderr
+    result = run_r3rag("eval", "sweep", "--data", "x.jsonl", "--engine.model", "m", "--sweep.retrievers", "bm25")
+    assert result.returncode == 2 and "NAME=retriever.yaml" in result.stderr
+
+
+def test_launch_eval_resolves_to_commands_r3rag_parses():
+    import shlex
+
+    from eval.run import SECTIONS
+    from r3_env.cli import build_parser
+    from r3_env.config import configs_from_args
+
+    env = {**os.environ, "POLICY": "Qwen/Qwen2.5-7B-Instruct", "DATA": "a/dev.jsonl,b/dev.jsonl",
+           "RETRIEVER_CONFIG": "e5.yaml", "METHODS": "r3,naive_rag", "TOPK": "3"}  # fmt: skip
+    result = subprocess.run(["bash", str(ROOT / "launch" / "eval.sh"), "--dry-run", "--max_questions", "7"],
+                            env=env, capture_output=True, text=True, check=True)  # fmt: skip
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("r3rag retriever serve --config e5.yaml") and "vllm serve" in result.stdout
+    runs = [shlex.split(line) for line in lines if " eval run " in line]
+    assert len(runs) == 2 and lines[-1] == "r3rag eval report runs/eval "
+    for words in runs:
+        assert words[:2] == ["env", "CUDA_VISIBLE_DEVICES=0"]
+        config, run_env, engine, _, retrieval = configs_from_args(build_parser().parse_args(words[3:]), SECTIONS)
+        assert (run_env.topk, run_env.max_steps, engine.kind, engine.model) == (
+            3,
+            5,
+            "vllm",
+            "Qwen/Qwen2.5-7B-Instruct",
+        )
+        assert retrieval.url == "http://127.0.0.1:8000" and config.retriever_name == "e5" and config.max_questions == 7
+    assert {shlex.split(line)[-1] for line in lines if " eval score " in line} == {"http://127.0.0.1:8002"}
