@@ -104,10 +104,10 @@ class RunStats:
 
 
 def retriever_label(config: EvalRunConfig, retrieval: RetrievalSource, method: Method) -> str:
-    if config.retriever_name:
-        return config.retriever_name
     if not method.retrieves:
         return "none"
+    if config.retriever_name:
+        return config.retriever_name
     if retrieval.config:
         retriever = retriever_config(retrieval.config)
         model = Path(retriever.retrieval_model_path).name if retriever.retrieval_method != "bm25" else ""

@@ -115,9 +115,12 @@ def judge_name(url: str) -> str:
 
 
 def score_rows(
-    rows: list[dict[str, Any]], cutoffs: list[int], verdicts: dict[str, dict[str, Any]] | None
+    rows: list[dict[str, Any]], cutoffs: list[int], verdicts: dict[str, dict[str, Any]] | None, retrieves: bool = True
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """(the scores.json body, the per-question scores at the last cutoff)."""
+    """(the scores.json body, the per-question scores at the last cutoff).
+
+    A method that retrieves nothing (direct CoT) gets no retrieval metrics rather than zeros.
+    """
     by_dataset: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         by_dataset[row["dataset"]].append(row)
@@ -135,6 +138,8 @@ def score_rows(
                     entry = verdicts.get(row["id"])
                     verdict = float(entry is not None and entry["score"] >= 0.5)
                 metric = question_metrics(row, cutoff, verdict)
+                if not retrieves:
+                    metric["retrieval"] = None
                 metrics.append(metric)
                 if cutoff == final:
                     per_question.append(_question_row(row, metric, verdicts))
@@ -176,7 +181,7 @@ async def score_run(config: ScoreConfig, judge: JudgeConfig) -> dict[str, Any]:
         raise ValueError(f"{run / PREDICTIONS} is empty; let `r3rag eval run` finish at least one question")
     cutoffs = config.cutoff_list(int(info["env"]["max_steps"]))
     verdicts = await judge_answers(rows, judge, run) if judge.url else None
-    body, per_question = score_rows(rows, cutoffs, verdicts)
+    body, per_question = score_rows(rows, cutoffs, verdicts, retrieves=info.get("retriever") != "none")
     scores = {"run": info, "judge": judge_name(judge.url) if judge.url else None, **body}
     (run / "scores.json").write_text(json.dumps(scores, indent=2) + "\n")
     write_jsonl(run / "question_scores.jsonl", per_question)

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -182,6 +183,7 @@ def test_baselines_share_the_harness(world, tiny, tmp_path):
         )
         scores = asyncio.run(score_run(ScoreConfig(run=str(out)), JudgeConfig()))
         assert scores["average"]["final"]["em"] == 1.0
+        assert (scores["average"]["final"]["recall"] is None) == (method == "direct")  # nothing retrieved: no metric
         assert json.loads((out / "run.json").read_text())["retriever"] == ("bm25" if method == "naive_rag" else "none")
 
 
@@ -311,3 +313,29 @@ def test_launch_eval_resolves_to_commands_r3rag_parses():
         )
         assert retrieval.url == "http://127.0.0.1:8000" and config.retriever_name == "e5" and config.max_questions == 7
     assert {shlex.split(line)[-1] for line in lines if " eval score " in line} == {"http://127.0.0.1:8002"}
+
+
+def test_a_sweep_runs_scores_and_reports_every_pair(world, tiny, tmp_path):
+    from eval.sweep import SweepConfig, run_sweep
+
+    item = world["items"][0]
+    plans = {item.question: [query_step("look", "who"), query_step("again", "what"), answer_step("so", "X")]}
+    second = tmp_path / "retriever2.yaml"
+    second.write_text(Path(world["retriever"]).read_text())
+    sweep = SweepConfig(retrievers=f"bm25={world['retriever']},copy={second}", topk="1,2", max_steps=4)
+    config = EvalRunConfig(data=str(world["dev"]), out=str(tmp_path / "sweep"), max_questions=2)
+    status = asyncio.run(
+        run_sweep(config, sweep, EnvConfig(), EngineConfig(model=str(tiny)), GenerationConfig(), JudgeConfig(),
+                  engine=scripted_engine(tiny, plans))
+    )  # fmt: skip
+    assert status == 0
+    runs = sorted(p.name for p in (tmp_path / "sweep").iterdir() if (p / "scores.json").exists())
+    assert runs == ["r3-bm25-k1", "r3-bm25-k2", "r3-copy-k1", "r3-copy-k2"]
+    scores = json.loads((tmp_path / "sweep" / "r3-bm25-k2" / "scores.json").read_text())
+    assert scores["run"]["env"]["topk"] == 2 and scores["cutoffs"] == [1, 2, 3, 4]
+    rows = {row["question"]: row for _, row in iter_jsonl(tmp_path / "sweep" / "r3-bm25-k2" / "predictions.jsonl")}
+    assert rows[item.question]["num_docs"] == 4  # two queries, top-2 each
+    other = next(row for question, row in rows.items() if question != item.question)
+    expected = (4 + other["num_docs"]) / 2
+    assert scores["datasets"]["world"]["final"]["avg_docs"] == pytest.approx(expected)
+    assert (tmp_path / "sweep" / "report.html").exists() and (tmp_path / "sweep" / "report.md").exists()
