@@ -109,7 +109,8 @@ class AnswerOnce(Method):
         except FormatError:  # read leniently, as FlashRAG reads a baseline: the answer section, else the output
             analysis, answer = reply.text.strip(), fmt.find_answer(reply.text)
             source = "format" if answer is not None else "whole_output"
-            answer = answer or analysis or None
+            if answer is None:  # the whole output is the answer; it is not repeated as the analysis
+                answer, analysis = analysis or None, ""
         fields: dict[str, Any] = {"answer": answer, "steps": steps, "num_steps": len(steps) + 1}
         if answer is None:
             fields["invalid"] = {"output": reply.text, "reason": "empty"}

