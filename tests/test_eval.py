@@ -18,27 +18,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import (
-    CHATML_TEMPLATE,
-    ROOT,
-    Script,
-    ServiceProcess,
-    answer_step,
-    make_tokenizer,
-    query_step,
-    save_tiny_causal_lm,
-)
+from conftest import ROOT, Script, ServiceProcess, answer_step, query_step, scripted_engine
 
-from eval.engines import EngineConfig, GenerationConfig, TokenEngine
+from eval.engines import EngineConfig, GenerationConfig
 from eval.metrics import aggregate, answer_scores, average, question_metrics, retrieval_scores
 from eval.run import EvalRunConfig, run_eval
 from eval.score import ScoreConfig, score_run
-from r3_env.data import iter_jsonl, read_dataset
+from r3_env.data import iter_jsonl
 from r3_env.env import EnvConfig
-from r3_env.hf_engine import HFEngine, SamplingParams
-from r3_env.retrieval.index_builder import IndexBuildConfig, build_index
 from r3_env.runs import JudgeConfig, RetrievalSource
-from r3_env.world.build import WorldConfig, generate_world
 
 # -- metrics on hand-checked examples -----------------------------------------------------------------
 
@@ -102,46 +90,21 @@ def test_aggregate_and_average():
 # -- run and score end to end ---------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory) -> dict:
-    root = tmp_path_factory.mktemp("eval")
-    generate_world(WorldConfig(entities=200, seed=3, bm25_check=0), root / "world")
-    index = build_index(IndexBuildConfig(corpus_path=str(root / "world" / "corpus.jsonl"), save_dir=str(root / "idx")))
-    retriever_yaml = root / "retriever.yaml"
-    retriever_yaml.write_text(yaml.safe_dump({"retrieval_method": "bm25", "index_path": str(index)}))
-    dev = root / "world" / "dev.jsonl"
-    return {"root": root, "retriever": str(retriever_yaml), "dev": dev, "items": read_dataset(dev)}
-
-
-@pytest.fixture(scope="module")
-def tiny(world, bpe_backend):
-    tokenizer = make_tokenizer(bpe_backend, CHATML_TEMPLATE)
-    return save_tiny_causal_lm(world["root"] / "tiny", tokenizer)
-
-
-def scripted_engine(folder, plans: dict) -> TokenEngine:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    generator = HFEngine(AutoModelForCausalLM.from_pretrained(folder), tokenizer, script=Script(tokenizer, plans))
-    return TokenEngine(generator, tokenizer, "auto", GenerationConfig(), 4096, "tiny", SamplingParams)
-
-
-def test_run_and_score_a_scripted_policy(world, tiny, tmp_path):
+def test_run_and_score_a_scripted_policy(eval_world, eval_tiny, tmp_path):
     """Three questions with known trajectories: metrics per cutoff are checked against hand counts."""
-    right, wrong, endless = world["items"][:3]
+    right, wrong, endless = eval_world["items"][:3]
     plans = {
         right.question: [query_step("first", "q one"), query_step("second", "q two"),
                          answer_step("done", right.golden_answers[0])],
-        wrong.question: [query_step("look", "q"), answer_step("guess", "Nobody In Particular")],
+        wrong.question: [query_step("look", "river town"), answer_step("guess", "Nobody In Particular")],
         endless.question: [query_step("again", "more")],  # searches until max_steps: no answer
     }  # fmt: skip
     out = tmp_path / "run"
-    config = EvalRunConfig(data=str(world["dev"]), out=str(out), max_questions=3, concurrency=3)
-    engine_config = EngineConfig(model=str(tiny))
+    config = EvalRunConfig(data=str(eval_world["dev"]), out=str(out), max_questions=3, concurrency=3)
+    engine_config = EngineConfig(model=str(eval_tiny))
     stats = asyncio.run(
         run_eval(config, EnvConfig(max_steps=4, topk=3), engine_config, GenerationConfig(),
-                 RetrievalSource(config=world["retriever"]), engine=scripted_engine(tiny, plans))
+                 RetrievalSource(config=eval_world["retriever"]), engine=scripted_engine(eval_tiny, plans))
     )  # fmt: skip
     assert (stats.done, stats.failed, stats.skipped) == (3, 0, 0) and stats.busy_s > 0
     rows = {row["question"]: row for _, row in iter_jsonl(out / "predictions.jsonl")}
@@ -165,16 +128,16 @@ def test_run_and_score_a_scripted_policy(world, tiny, tmp_path):
     assert per_question[f"world/{right.id}"]["correct"] and not per_question[f"world/{wrong.id}"]["correct"]
 
 
-def test_baselines_share_the_harness(world, tiny, tmp_path):
-    item = world["items"][0]
+def test_baselines_share_the_harness(eval_world, eval_tiny, tmp_path):
+    item = eval_world["items"][0]
     fmt_answer = answer_step("thinking", item.golden_answers[0])
-    engine = scripted_engine(tiny, {item.question: [fmt_answer]})
-    source = RetrievalSource(config=world["retriever"])
+    engine = scripted_engine(eval_tiny, {item.question: [fmt_answer]})
+    source = RetrievalSource(config=eval_world["retriever"])
     for method in ("direct", "naive_rag"):
         out = tmp_path / method
-        config = EvalRunConfig(data=str(world["dev"]), out=str(out), method=method, max_questions=1, naive_topk=7)
+        config = EvalRunConfig(data=str(eval_world["dev"]), out=str(out), method=method, max_questions=1, naive_topk=7)
         asyncio.run(
-            run_eval(config, EnvConfig(), EngineConfig(model=str(tiny)), GenerationConfig(), source, engine=engine)
+            run_eval(config, EnvConfig(), EngineConfig(model=str(eval_tiny)), GenerationConfig(), source, engine=engine)
         )
         [(_, row)] = list(iter_jsonl(out / "predictions.jsonl"))
         assert row["answer"] == item.golden_answers[0] and row["answer_source"] == "format"
@@ -187,11 +150,11 @@ def test_baselines_share_the_harness(world, tiny, tmp_path):
         assert json.loads((out / "run.json").read_text())["retriever"] == ("bm25" if method == "naive_rag" else "none")
 
 
-def test_react_runs_the_same_episode_in_its_own_format(world, tiny, tmp_path):
+def test_react_runs_the_same_episode_in_its_own_format(eval_world, eval_tiny, tmp_path):
     from r3_env.protocol import Step, get_format
 
     react = get_format("react")
-    item = world["items"][1]
+    item = eval_world["items"][1]
     steps = [react.render_step(Step("need the facts", query="who")), react.render_step(Step("so", answer="X"))]
     plans = {item.question: steps}
 
@@ -202,39 +165,42 @@ def test_react_runs_the_same_episode_in_its_own_format(world, tiny, tmp_path):
                 return None
             return self.tokenizer(steps[min(text.count("Observation:"), 1)], add_special_tokens=False)["input_ids"]
 
-    engine = scripted_engine(tiny, plans)
+    engine = scripted_engine(eval_tiny, plans)
     engine.generator.script = ReactScript(engine.tokenizer, plans)
     out = tmp_path / "react"
-    config = EvalRunConfig(data=str(world["dev"]), out=str(out), method="react", max_questions=2)
-    source = RetrievalSource(config=world["retriever"])
-    asyncio.run(run_eval(config, EnvConfig(), EngineConfig(model=str(tiny)), GenerationConfig(), source, engine=engine))
+    config = EvalRunConfig(data=str(eval_world["dev"]), out=str(out), method="react", max_questions=2)
+    source = RetrievalSource(config=eval_world["retriever"])
+    asyncio.run(
+        run_eval(config, EnvConfig(), EngineConfig(model=str(eval_tiny)), GenerationConfig(), source, engine=engine)
+    )
     rows = {row["question"]: row for _, row in iter_jsonl(out / "predictions.jsonl")}
     assert [s.get("query") for s in rows[item.question]["steps"]] == ["who", None]
     assert rows[item.question]["answer"] == "X"
 
 
-def test_rerun_with_other_settings_is_refused(world, tiny, tmp_path):
-    engine = scripted_engine(tiny, {})
-    source = RetrievalSource(config=world["retriever"])
-    config = EvalRunConfig(data=str(world["dev"]), out=str(tmp_path / "r"), max_questions=1)
+def test_rerun_with_other_settings_is_refused(eval_world, eval_tiny, tmp_path):
+    engine = scripted_engine(eval_tiny, {})
+    source = RetrievalSource(config=eval_world["retriever"])
+    config = EvalRunConfig(data=str(eval_world["dev"]), out=str(tmp_path / "r"), max_questions=1)
     env = EnvConfig(max_step_tokens=8)
-    asyncio.run(run_eval(config, env, EngineConfig(model=str(tiny)), GenerationConfig(), source, engine=engine))
+    asyncio.run(run_eval(config, env, EngineConfig(model=str(eval_tiny)), GenerationConfig(), source, engine=engine))
     with pytest.raises(ValueError, match=r"env.topk: 5 -> 3.*choose another --out"):
-        asyncio.run(run_eval(config, EnvConfig(max_step_tokens=8, topk=3), EngineConfig(model=str(tiny)),
+        asyncio.run(run_eval(config, EnvConfig(max_step_tokens=8, topk=3), EngineConfig(model=str(eval_tiny)),
                              GenerationConfig(), source, engine=engine))  # fmt: skip
 
 
-def _eval_command(world, tiny, out, questions: int) -> list[str]:
+def _eval_command(world, model, out, questions: int) -> list[str]:
     return [sys.executable, "-m", "r3_env.cli", "eval", "run", "--data", str(world["dev"]), "--out", str(out),
-            "--max_questions", str(questions), "--engine.model", str(tiny), "--engine.max_batch", "1",
+            "--max_questions", str(questions), "--engine.model", str(model), "--engine.max_batch", "1",
             "--concurrency", "1", "--env.max_step_tokens", "24", "--retrieval.config", world["retriever"]]  # fmt: skip
 
 
-def test_a_killed_run_resumes_without_duplicates_or_gaps(world, tiny, tmp_path):
+def test_a_killed_run_resumes_without_duplicates_or_gaps(eval_world, eval_tiny, tmp_path):
     out = tmp_path / "killed"
     questions = 40
-    process = subprocess.Popen(_eval_command(world, tiny, out, questions), cwd=ROOT, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    command = _eval_command(eval_world, eval_tiny, out, questions)
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
     predictions = out / "predictions.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and process.poll() is None:
@@ -246,23 +212,26 @@ def test_a_killed_run_resumes_without_duplicates_or_gaps(world, tiny, tmp_path):
     process.wait()
     before = len(list(iter_jsonl(predictions)))
     assert 3 <= before < questions
-    finished = subprocess.run(_eval_command(world, tiny, out, questions), cwd=ROOT, capture_output=True, text=True)
+    finished = subprocess.run(
+        _eval_command(eval_world, eval_tiny, out, questions), cwd=ROOT, capture_output=True, text=True
+    )
     assert finished.returncode == 0, finished.stderr[-2000:]
     assert f"{before:,} already done" in finished.stdout
     ids = [row["id"] for _, row in iter_jsonl(predictions)]
-    expected = [f"world/{item.id}" for item in world["items"][:questions]]
+    expected = [f"world/{item.id}" for item in eval_world["items"][:questions]]
     assert len(ids) == len(set(ids)) == questions and set(ids) == set(expected)
 
 
-def test_judge_acc_through_the_reward_server_is_cached(world, tiny, tmp_path):
+def test_judge_acc_through_the_reward_server_is_cached(eval_world, eval_tiny, tmp_path):
     """ACC from a real reward server (lexical judge) on a real port; rescoring never asks it again."""
-    items = world["items"][:2]
+    items = eval_world["items"][:2]
     plans = {items[0].question: [answer_step("a", f"it is {items[0].golden_answers[0]} indeed")],
              items[1].question: [answer_step("b", "Nobody In Particular")]}  # fmt: skip
     out = tmp_path / "judged"
-    config = EvalRunConfig(data=str(world["dev"]), out=str(out), max_questions=2)
-    asyncio.run(run_eval(config, EnvConfig(), EngineConfig(model=str(tiny)), GenerationConfig(),
-                         RetrievalSource(config=world["retriever"]), engine=scripted_engine(tiny, plans)))  # fmt: skip
+    config = EvalRunConfig(data=str(eval_world["dev"]), out=str(out), max_questions=2)
+    source, engine = RetrievalSource(config=eval_world["retriever"]), scripted_engine(eval_tiny, plans)
+    asyncio.run(run_eval(config, EnvConfig(), EngineConfig(model=str(eval_tiny)), GenerationConfig(), source,
+                         engine=engine))  # fmt: skip
     reward_yaml = tmp_path / "reward.yaml"
     reward_yaml.write_text(yaml.safe_dump({"judge": {"backend": "lexical"}}))
     with ServiceProcess(["reward", "serve", "--config", str(reward_yaml)]) as service:
@@ -276,10 +245,10 @@ def test_judge_acc_through_the_reward_server_is_cached(world, tiny, tmp_path):
     assert again["datasets"]["world"]["final"]["acc"] == 0.5 and len(list(iter_jsonl(out / "judgements.jsonl"))) == 2
 
 
-def test_bad_input_names_the_field(world, tmp_path):
+def test_bad_input_names_the_field(eval_world, tmp_path):
     from conftest import run_r3rag
 
-    result = run_r3rag("eval", "run", "--data", str(world["dev"]), "--out", str(tmp_path / "x"))
+    result = run_r3rag("eval", "run", "--data", str(eval_world["dev"]), "--out", str(tmp_path / "x"))
     assert result.returncode == 2 and "engine.model is required" in result.stderr and "Traceback" not in result.stderr
     result = run_r3rag("eval", "score", "--run", str(tmp_path / "nothing"))
     assert result.returncode == 2 and "r3rag eval run --out" in result.stderr and "Traceback" not in result.stderr
@@ -315,18 +284,18 @@ def test_launch_eval_resolves_to_commands_r3rag_parses():
     assert {shlex.split(line)[-1] for line in lines if " eval score " in line} == {"http://127.0.0.1:8002"}
 
 
-def test_a_sweep_runs_scores_and_reports_every_pair(world, tiny, tmp_path):
+def test_a_sweep_runs_scores_and_reports_every_pair(eval_world, eval_tiny, tmp_path):
     from eval.sweep import SweepConfig, run_sweep
 
-    item = world["items"][0]
+    item = eval_world["items"][0]
     plans = {item.question: [query_step("look", "who"), query_step("again", "what"), answer_step("so", "X")]}
     second = tmp_path / "retriever2.yaml"
-    second.write_text(Path(world["retriever"]).read_text())
-    sweep = SweepConfig(retrievers=f"bm25={world['retriever']},copy={second}", topk="1,2", max_steps=4)
-    config = EvalRunConfig(data=str(world["dev"]), out=str(tmp_path / "sweep"), max_questions=2)
+    second.write_text(Path(eval_world["retriever"]).read_text())
+    sweep = SweepConfig(retrievers=f"bm25={eval_world['retriever']},copy={second}", topk="1,2", max_steps=4)
+    config = EvalRunConfig(data=str(eval_world["dev"]), out=str(tmp_path / "sweep"), max_questions=2)
     status = asyncio.run(
-        run_sweep(config, sweep, EnvConfig(), EngineConfig(model=str(tiny)), GenerationConfig(), JudgeConfig(),
-                  engine=scripted_engine(tiny, plans))
+        run_sweep(config, sweep, EnvConfig(), EngineConfig(model=str(eval_tiny)), GenerationConfig(), JudgeConfig(),
+                  engine=scripted_engine(eval_tiny, plans))
     )  # fmt: skip
     assert status == 0
     runs = sorted(p.name for p in (tmp_path / "sweep").iterdir() if (p / "scores.json").exists())

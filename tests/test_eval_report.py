@@ -16,8 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, answer_step, query_step
-from test_eval import scripted_engine, tiny, world  # noqa: F401  (module fixtures shared with the harness tests)
+from conftest import ROOT, answer_step, query_step, scripted_engine
 
 from eval.engines import EngineConfig, GenerationConfig
 from eval.report import write_report
@@ -33,10 +32,10 @@ PLAYWRIGHT = ROOT / "tests" / "browser" / "node_modules" / "playwright-core"
 
 
 @pytest.fixture(scope="module")
-def runs(world, tiny, tmp_path_factory):  # noqa: F811
+def runs(eval_world, eval_tiny, tmp_path_factory):
     """Three scored runs (r3 at top-k 2 and 3, naive RAG) over four questions, and one unscored run."""
     root = tmp_path_factory.mktemp("report")
-    items = world["items"][:4]
+    items = eval_world["items"][:4]
     hops = [hop["question"] for hop in items[0].metadata["question_decomposition"]]
     queries = [hops[0], hops[-1]]  # the gold decomposition's questions: BM25 finds gold passages with them
     plans = {
@@ -45,16 +44,18 @@ def runs(world, tiny, tmp_path_factory):  # noqa: F811
             query_step("second", queries[1]),
             answer_step("done", items[0].golden_answers[0]),
         ],
-        items[1].question: [query_step("look", "q"), answer_step("guess", "Nobody In Particular")],
+        items[1].question: [query_step("look", "river town"), answer_step("guess", "Nobody In Particular")],
         items[2].question: [answer_step("known", items[2].golden_answers[0])],
     }  # the fourth question generates freely: an unparsed step
-    source = RetrievalSource(config=world["retriever"])
-    engine = scripted_engine(tiny, plans)
+    source = RetrievalSource(config=eval_world["retriever"])
+    engine = scripted_engine(eval_tiny, plans)
     for name, method, topk in (("r3-k2", "r3", 2), ("r3-k3", "r3", 3), ("naive", "naive_rag", 5)):
-        config = EvalRunConfig(data=str(world["dev"]), out=str(root / name), method=method, max_questions=4,
+        config = EvalRunConfig(data=str(eval_world["dev"]), out=str(root / name), method=method, max_questions=4,
                                naive_topk=4)  # fmt: skip
         env = EnvConfig(topk=topk, max_steps=4)
-        asyncio.run(run_eval(config, env, EngineConfig(model=str(tiny)), GenerationConfig(), source, engine=engine))
+        asyncio.run(
+            run_eval(config, env, EngineConfig(model=str(eval_tiny)), GenerationConfig(), source, engine=engine)
+        )
     rows = [row for _, row in iter_jsonl(root / "r3-k2" / "predictions.jsonl")]
     for row in rows:  # a hostile document and question, to prove the page escapes what it shows
         if row["question"] == items[1].question:

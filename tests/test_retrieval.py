@@ -90,6 +90,16 @@ def test_bm25_index_has_flashrag_layout_and_finds_named_entities(built):
     assert all(row[0].score >= row[-1].score for row in hits)
 
 
+def test_bm25_query_of_stopwords_alone_finds_nothing_instead_of_failing(built):
+    """A policy (or a baseline's generated thought) may search for "the of a": no hit, and the batch goes on."""
+    title = next(iter_corpus(built["corpus"])).title
+    with load_retriever(bm25_config(built)) as retriever:
+        hits = retriever.search(["the of a", title, "", "?!"], 3)
+    assert [len(row) for row in hits] == [0, 3, 0, 0] and hits[1][0].passage.title == title
+    with load_retriever(bm25_config(built)) as retriever:
+        assert retriever.search(["and the"], 3) == [[]]
+
+
 def test_bm25_rankings_equal_flashrag_bm25_retriever(built):
     """FlashRAG's own BM25Retriever (flashrag-dev) loads our index and ranks every query identically."""
     from flashrag.retriever.retriever import BM25Retriever as FlashRAGBM25

@@ -145,14 +145,16 @@ class BM25Retriever(Retriever):
         check_k(k)
         if not queries:
             return []
-        rows, scores = self._model.retrieve(tokenize_queries(queries), k=min(k, self._count), show_progress=False)
-        if isinstance(self._docs, DocStore):
-            get = self._docs.row
-        else:
-            get = self._docs.__getitem__
-        return [
-            [Hit(get(int(i)), float(s)) for i, s in zip(r, sc, strict=True)] for r, sc in zip(rows, scores, strict=True)
-        ]
+        tokens = tokenize_queries(queries)
+        asked = [i for i, words in enumerate(tokens) if words]  # a query of stopwords alone matches nothing
+        results: list[list[Hit]] = [[] for _ in queries]
+        if not asked:
+            return results
+        rows, scores = self._model.retrieve([tokens[i] for i in asked], k=min(k, self._count), show_progress=False)
+        get = self._docs.row if isinstance(self._docs, DocStore) else self._docs.__getitem__
+        for index, row, row_scores in zip(asked, rows, scores, strict=True):
+            results[index] = [Hit(get(int(i)), float(s)) for i, s in zip(row, row_scores, strict=True)]
+        return results
 
     def close(self) -> None:
         if isinstance(self._docs, DocStore):
