@@ -17,7 +17,6 @@ retries it. The paper's protocol is the default: greedy, top-5, at most 5 steps.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -34,7 +33,15 @@ from r3_env.data import JsonlWriter, existing_ids, read_label
 from r3_env.env import EnvConfig
 from r3_env.retrieval.base import Hit
 from r3_env.retrieval.client import RetrievalServiceError
-from r3_env.runs import Question, RetrievalSource, check_manifest, dataset_paths, load_questions, retriever_config
+from r3_env.runs import (
+    Question,
+    RetrievalSource,
+    check_manifest,
+    dataset_paths,
+    load_questions,
+    retriever_config,
+    run_jobs,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -180,47 +187,24 @@ async def _run(
     stats: RunStats,
     config: EvalRunConfig,
 ) -> None:
-    queue: asyncio.Queue[Question] = asyncio.Queue()
-    for question in todo:
-        queue.put_nowait(question)
-    consecutive, answered = 0, 0
     bar = tqdm(total=len(todo), desc=f"eval {method.name}", unit=" questions", mininterval=1.0)
-    abort = asyncio.Event()
+    answered = 0
 
-    async def worker() -> None:
-        nonlocal consecutive, answered
-        while not queue.empty() and not abort.is_set():
-            question = queue.get_nowait()
-            started = time.perf_counter()
-            try:
-                fields = await method.answer(ctx, question.item)
-            except FAILURES as error:
-                stats.failed += 1
-                consecutive += 1
-                stats.last_error = str(error)
-                logger.warning("%s failed: %s", question.key, error)
-                if consecutive >= config.abort_after_failures and not queue.empty():
-                    abort.set()
-                bar.update()
-                continue
-            consecutive = 0
-            writer.write(prediction_row(question, method.name, fields, time.perf_counter() - started))
-            stats.done += 1
-            answered += fields["answer"] is not None
-            bar.update()
-            bar.set_postfix(answered=f"{answered / stats.done:.0%}", failed=stats.failed, refresh=False)
+    async def work(question: Question) -> dict[str, Any]:
+        started = time.perf_counter()
+        fields = await method.answer(ctx, question.item)
+        return prediction_row(question, method.name, fields, time.perf_counter() - started)
 
-    workers = [asyncio.create_task(worker()) for _ in range(min(config.concurrency, len(todo)) or 1)]
-    try:
-        await asyncio.gather(*workers)
-    except BaseException:  # a bug or an interrupt in one worker: stop the others before the file closes
-        for task in workers:
-            task.cancel()
-        await asyncio.gather(*workers, return_exceptions=True)
-        raise
-    finally:
-        bar.close()
-    if abort.is_set():
+    def finish(question: Question, row: dict[str, Any]) -> None:
+        nonlocal answered
+        writer.write(row)
+        answered += row["answer"] is not None
+        bar.set_postfix(answered=f"{answered / (stats.done + 1):.0%}", failed=stats.failed, refresh=False)
+
+    aborted = await run_jobs(
+        todo, work, finish, FAILURES, stats, config.concurrency, config.abort_after_failures, lambda q: q.key, bar
+    )
+    if aborted:
         raise EvalAborted(
             f"stopped after {config.abort_after_failures} questions in a row failed; last error: {stats.last_error}. "
             f"The {stats.done} questions finished in this run are kept; rerun the same command to resume."

@@ -63,12 +63,15 @@ class OpenAIChat:
         backoff_s: float = 1.0,
         requests_per_minute: float = 0.0,
         max_connections: int = 64,
+        api_key: str = "",
     ) -> None:
+        """``api_key``: the key itself; when empty, read from the variable ``api_key_env``."""
         self.model, self.api_key_env = model, api_key_env
-        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.base_url = base_url.rstrip("/")
+        self.url = self.base_url + "/chat/completions"
         self.policy = RetryPolicy(retries=retries, backoff=backoff_s)
         self.limiter = RateLimiter(requests_per_minute / 60.0)
-        self._http = AsyncHTTP(timeout_s, bearer_headers(None, api_key_env), max_connections)
+        self.http = AsyncHTTP(timeout_s, bearer_headers(api_key or None, api_key_env), max_connections)
 
     async def complete(
         self,
@@ -93,14 +96,15 @@ class OpenAIChat:
 
         async def send():
             await self.limiter.wait()
-            return await self._http.post(self.url, body)
+            return await self.http.post(self.url, body)
 
         try:
             reply = await asend_with_retries(send, self.policy, self.url)
         except RequestFailed as failure:
+            verb = f"failed after {failure.attempts} attempts" if failure.retryable else "rejected the request"
             hint = f" (is the endpoint up and the key in ${self.api_key_env}?)"
             raise ChatEndpointError(
-                f"{self.url} failed after {failure.attempts} attempts: {failure.detail}"
+                f"{self.url} {verb}: {failure.detail}"
                 + (hint if failure.transport or failure.status in (401, 403) else "")
             ) from None
         return self._parse(reply.body)
@@ -123,4 +127,4 @@ class OpenAIChat:
             raise ChatEndpointError(f"{self.url} sent a malformed chat completion: {body[:200]!r}") from None
 
     async def aclose(self) -> None:
-        await self._http.close()
+        await self.http.close()

@@ -8,11 +8,14 @@ a resumed run cannot mix in rows made with other ones.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from r3_env.config import configs_from_values, load_yaml
 from r3_env.data import QAItem, existing_ids, read_dataset
@@ -131,3 +134,67 @@ def check_manifest(manifest: Path, rows: Path, settings: dict[str, Any]) -> None
         return
     manifest.parent.mkdir(parents=True, exist_ok=True)  # no row yet: (re)record the settings
     manifest.write_text(json.dumps(settings, indent=2) + "\n")
+
+
+Job = TypeVar("Job")
+Result = TypeVar("Result")
+
+
+class Counts(Protocol):
+    """What :func:`run_jobs` keeps up to date (the caller's run stats)."""
+
+    done: int
+    failed: int
+    last_error: str
+
+
+async def run_jobs(
+    jobs: Sequence[Job],
+    work: Callable[[Job], Awaitable[Result]],
+    finish: Callable[[Job, Result], None],
+    failures: tuple[type[BaseException], ...],
+    counts: Counts,
+    concurrency: int,
+    abort_after: int,
+    name: Callable[[Job], str],
+    progress: Any,
+) -> bool:
+    """Run ``work`` over ``jobs``, ``concurrency`` at a time; ``finish`` each result as it comes (write it).
+
+    A job whose work raises one of ``failures`` is counted and skipped (not finished, so a rerun
+    retries it); ``abort_after`` of them in a row stop the run early. Returns whether it stopped
+    early. Anything else (a bug, an interrupt) cancels the other workers and is raised.
+    """
+    queue, consecutive, abort = deque(jobs), 0, asyncio.Event()
+
+    async def worker() -> None:
+        nonlocal consecutive
+        while queue and not abort.is_set():
+            job = queue.popleft()
+            try:
+                result = await work(job)
+            except failures as error:
+                counts.failed += 1
+                consecutive += 1
+                counts.last_error = str(error)
+                logger.warning("%s failed: %s", name(job), error)
+                if consecutive >= abort_after and queue:
+                    abort.set()
+                progress.update()
+                continue
+            consecutive = 0
+            finish(job, result)
+            counts.done += 1
+            progress.update()
+
+    workers = [asyncio.create_task(worker()) for _ in range(min(concurrency, len(jobs)) or 1)]
+    try:
+        await asyncio.gather(*workers)
+    except BaseException:  # stop the other workers before the caller closes its files
+        for task in workers:
+            task.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        raise
+    finally:
+        progress.close()
+    return abort.is_set()

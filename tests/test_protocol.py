@@ -434,3 +434,35 @@ def test_the_question_reads_back_from_a_rendered_prompt(chat_tokenizers):
             renderer.question_of(renderer.prompt("Who directed  Silent\nHarbor?")) == "Who directed Silent Harbor?"
         ), name
     assert R3.find_question("no question here") is None
+
+
+# -- the ReAct format (the ReAct baseline's steps) ----------------------------------------------------
+
+
+def test_react_format_round_trips_and_reads_react_style_outputs():
+    react = get_format("react")
+    for step in (Step("I need the director", query="director of Kiss and Tell"), Step("done", answer="Paris")):
+        assert react.parse_step(react.render_step(step)) == step
+    assert react.parse_step("Thought 2: look again\nAction 2: search[ Corliss Archer ]") == Step(
+        "look again", query="Corliss Archer"
+    )
+    assert react.parse_step("thought: multi\nline\nAction: Finish[yes]") == Step("multi\nline", answer="yes")
+    cases = {
+        "Action: Search[x]": FormatReason.MISSING_ANALYSIS,
+        "Thought: a\nThought: b\nAction: Finish[x]": FormatReason.DUPLICATE_ANALYSIS,
+        "Thought: a": FormatReason.MISSING_ACTION,
+        "Thought: a\nAction: Lookup[x]": FormatReason.MISSING_ACTION,
+        "Thought: a\nAction: Search[]": FormatReason.EMPTY_QUERY,
+        "Thought: a\nAction: Search[x]\nObservation: made up": FormatReason.TEXT_AFTER_QUERY,
+        "Thought: a\nAction: Search[x]\nAction: Finish[y]": FormatReason.MULTIPLE_QUERIES,
+    }
+    for text, reason in cases.items():
+        with pytest.raises(FormatError) as caught:
+            react.parse_step(text)
+        assert caught.value.reason is reason, text
+    documents = [Passage.from_title_text("7", "Paris", "Capital of France.")]
+    shown = react.render_documents(documents, 1, 512)
+    assert shown.startswith("Observation:\n[1] Paris") and react.parse_documents(shown)[0].text == "Capital of France."
+    assert react.find_question(react.render_question("Who  is\nthere?")) == "Who is there?"
+    assert react.find_answer("...\nAction: Finish[Marie Curie]") == "Marie Curie"
+    assert "Finish[" in react.answer_only_prompt(with_documents=True)

@@ -18,7 +18,6 @@ A sample whose teacher or service call fails for good is not written, so the nex
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -41,7 +40,15 @@ from r3_env.retrieval.base import Hit
 from r3_env.retrieval.client import RetrievalServiceError
 from r3_env.reward_client import AsyncRewardClient, RewardServiceError, check_answer
 from r3_env.rewards import Outcome
-from r3_env.runs import JudgeConfig, Question, RetrievalSource, check_manifest, dataset_paths, load_questions
+from r3_env.runs import (
+    JudgeConfig,
+    Question,
+    RetrievalSource,
+    check_manifest,
+    dataset_paths,
+    load_questions,
+    run_jobs,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -220,47 +227,27 @@ class RunStats:
 async def _run(
     synth: Synthesizer, todo: list[tuple[Question, int]], writer: JsonlWriter, stats: RunStats, config: SynthConfig
 ) -> None:
-    queue: asyncio.Queue[tuple[Question, int]] = asyncio.Queue()
-    for job in todo:
-        queue.put_nowait(job)
-    consecutive = 0
-    correct = 0
     bar = tqdm(total=len(todo), desc="synthesis", unit=" samples", mininterval=1.0)
-    abort = asyncio.Event()
+    correct = 0
 
-    async def worker() -> None:
-        nonlocal consecutive, correct
-        while not queue.empty() and not abort.is_set():
-            question, index = queue.get_nowait()
-            try:
-                row = await synth.sample(question, index)
-            except FAILURES as error:
-                stats.failed += 1
-                consecutive += 1
-                stats.last_error = str(error)
-                logger.warning("%s#%d failed: %s", question.key, index, error)
-                if consecutive >= config.abort_after_failures and not queue.empty():
-                    abort.set()
-                bar.update()
-                continue
-            consecutive = 0
-            writer.write(row)
-            stats.done += 1
-            correct += row["outcome"] == Outcome.CORRECT.value
-            bar.update()
-            bar.set_postfix(correct=f"{correct / stats.done:.0%}", failed=stats.failed, refresh=False)
+    def finish(job: tuple[Question, int], row: dict[str, Any]) -> None:
+        nonlocal correct
+        writer.write(row)
+        correct += row["outcome"] == Outcome.CORRECT.value
+        bar.set_postfix(correct=f"{correct / (stats.done + 1):.0%}", failed=stats.failed, refresh=False)
 
-    workers = [asyncio.create_task(worker()) for _ in range(min(config.concurrency, len(todo)) or 1)]
-    try:
-        await asyncio.gather(*workers)
-    except BaseException:  # a bug or an interrupt in one worker: stop the others before the files close
-        for task in workers:
-            task.cancel()
-        await asyncio.gather(*workers, return_exceptions=True)
-        raise
-    finally:
-        bar.close()
-    if abort.is_set():
+    aborted = await run_jobs(
+        todo,
+        lambda job: synth.sample(*job),
+        finish,
+        FAILURES,
+        stats,
+        config.concurrency,
+        config.abort_after_failures,
+        lambda job: f"{job[0].key}#{job[1]}",
+        bar,
+    )
+    if aborted:
         raise TeacherError(
             f"stopped after {config.abort_after_failures} samples in a row failed; last error: {stats.last_error}. "
             f"The {stats.done} samples finished in this run are kept; rerun the same command to resume."

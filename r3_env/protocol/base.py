@@ -190,3 +190,20 @@ def parse_document_blocks(body: str) -> list[Passage]:
         if match:
             documents.append(Passage.from_title_text(match.group(1), match.group(2).strip(), rest.strip()))
     return documents
+
+
+def render_prefixed(prefix: str, question: str) -> str:
+    """``prefix`` then the question on one line (its whitespace collapsed)."""
+    question = " ".join(question.split())
+    if not question:
+        raise ValueError("question is empty")
+    return f"{prefix}{question}"
+
+
+def find_prefixed(text: str, prefix: str) -> str | None:
+    """The rest of the last line that starts with ``prefix`` (None if none, or if it is empty)."""
+    found = None
+    for line in normalize_newlines(text).split("\n"):
+        if line.startswith(prefix):
+            found = line[len(prefix) :].strip() or None
+    return found

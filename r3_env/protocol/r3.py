@@ -26,10 +26,12 @@ from r3_env.protocol.base import (
     FormatReason,
     Step,
     StepFormat,
+    find_prefixed,
     normalize_newlines,
     parse_document_blocks,
     register_format,
     render_document_blocks,
+    render_prefixed,
 )
 
 ANALYSIS = "The problem analysis:"
@@ -106,10 +108,7 @@ class R3Format(StepFormat):
         )
 
     def render_question(self, question: str) -> str:
-        question = " ".join(question.split())
-        if not question:
-            raise ValueError("question is empty")
-        return f"{QUESTION}{question}"
+        return render_prefixed(QUESTION, question)
 
     def render_step(self, step: Step) -> str:
         if not step.analysis:
@@ -197,11 +196,7 @@ class R3Format(StepFormat):
         return parse_document_blocks(body)
 
     def find_question(self, text: str) -> str | None:
-        found = None
-        for line in normalize_newlines(text).split("\n"):
-            if line.startswith(QUESTION):
-                found = line[len(QUESTION) :].strip() or None
-        return found
+        return find_prefixed(text, QUESTION)
 
     def find_answer(self, text: str) -> str | None:
         lines = normalize_newlines(text).split("\n")

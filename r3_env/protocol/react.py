@@ -16,10 +16,12 @@ from r3_env.protocol.base import (
     FormatReason,
     Step,
     StepFormat,
+    find_prefixed,
     normalize_newlines,
     parse_document_blocks,
     register_format,
     render_document_blocks,
+    render_prefixed,
 )
 
 QUESTION = "Question: "
@@ -53,10 +55,7 @@ class ReActFormat(StepFormat):
         )
 
     def render_question(self, question: str) -> str:
-        question = " ".join(question.split())
-        if not question:
-            raise ValueError("question is empty")
-        return f"{QUESTION}{question}"
+        return render_prefixed(QUESTION, question)
 
     def render_step(self, step: Step) -> str:
         if not step.analysis:
@@ -112,11 +111,7 @@ class ReActFormat(StepFormat):
         return parse_document_blocks(body)
 
     def find_question(self, text: str) -> str | None:
-        found = None
-        for line in normalize_newlines(text).split("\n"):
-            if line.startswith(QUESTION):
-                found = line[len(QUESTION) :].strip() or None
-        return found
+        return find_prefixed(text, QUESTION)
 
     def find_answer(self, text: str) -> str | None:
         found = re.findall(r"finish\s*\[([^\]\n]*)\]", normalize_newlines(text), re.IGNORECASE)

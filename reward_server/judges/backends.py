@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 from abc import ABC, abstractmethod
 from typing import Any
 
-from r3_env.http_retry import TRANSPORT_ERRORS, AsyncHTTP, RequestFailed, RetryPolicy, asend_with_retries
+from r3_env.chat_client import ChatEndpointError, OpenAIChat
+from r3_env.http_retry import TRANSPORT_ERRORS
 from reward_server.config import JUDGE_API_KEY_ENV
 
 logger = logging.getLogger(__name__)
@@ -38,8 +38,9 @@ class ChatBackend(ABC):
 class OpenAIChatBackend(ChatBackend):
     """POST {base_url}/chat/completions, as ``vllm serve`` and any OpenAI-compatible server expose it.
 
-    Connection errors, timeouts, 429 and 5xx are retried ``retries`` times with exponential backoff
-    (``r3_env.http_retry``); other 4xx answers (a wrong model name, say) fail at once.
+    The request goes through :class:`r3_env.chat_client.OpenAIChat`: connection errors, timeouts,
+    429 and 5xx are retried ``retries`` times with exponential backoff; other 4xx answers (a wrong
+    model name, say) fail at once.
     """
 
     def __init__(
@@ -54,32 +55,29 @@ class OpenAIChatBackend(ChatBackend):
         max_tokens: int = 256,
         max_connections: int = 64,
     ) -> None:
-        self.url = base_url.rstrip("/") + "/chat/completions"
-        self.model = model
-        self.model_id = f"openai:{model}"
-        self.policy = RetryPolicy(retries=retries, backoff=backoff_s)
-        self.sampling = {"temperature": temperature, "max_tokens": max_tokens}
-        key = api_key or os.environ.get(JUDGE_API_KEY_ENV, "")
-        self._http = AsyncHTTP(timeout_s, {"Authorization": f"Bearer {key}"} if key else {}, max_connections)
+        self.client = OpenAIChat(
+            base_url,
+            model,
+            JUDGE_API_KEY_ENV,
+            timeout_s,
+            retries,
+            backoff_s,
+            max_connections=max_connections,
+            api_key=api_key,
+        )
+        self.url, self.model, self.model_id = self.client.url, model, f"openai:{model}"
+        self.temperature, self.max_tokens = temperature, max_tokens
 
     async def chat(self, messages: list[dict[str, str]]) -> str:
-        body = {"model": self.model, "messages": messages, **self.sampling}
         try:
-            reply = await asend_with_retries(lambda: self._http.post(self.url, body), self.policy, f"judge {self.url}")
-        except RequestFailed as failure:
-            verb = "rejected the request" if not failure.retryable else f"failed after {failure.attempts} attempts"
-            raise JudgeUnavailable(f"judge at {self.url} {verb}: {failure.detail}") from None
-        try:
-            return _reply_text(reply.json())
-        except ValueError:
-            raise JudgeUnavailable(
-                f"judge at {self.url} answered with something that is not JSON: {reply.body[:200]!r}"
-            ) from None
+            return (await self.client.complete(messages, self.temperature, self.max_tokens)).text
+        except ChatEndpointError as error:
+            raise JudgeUnavailable(f"judge at {error}") from None
 
     async def check(self) -> dict[str, Any]:
-        models_url = self.url.rsplit("/chat/completions", 1)[0] + "/models"
+        models_url = self.client.base_url + "/models"
         try:
-            reply = await self._http.get(models_url, timeout=10)
+            reply = await self.client.http.get(models_url, timeout=10)
             names = [m.get("id") for m in reply.json().get("data", [])] if reply.status == 200 else None
         except (*TRANSPORT_ERRORS, ValueError) as error:
             return {"reachable": False, "error": f"{type(error).__name__}: {error}"}
@@ -88,15 +86,7 @@ class OpenAIChatBackend(ChatBackend):
         return {"reachable": True, "model_listed": self.model in names, "models": names[:20]}
 
     async def close(self) -> None:
-        await self._http.close()
-
-
-def _reply_text(payload: dict[str, Any]) -> str:
-    try:
-        content = payload["choices"][0]["message"]["content"]
-    except (KeyError, IndexError, TypeError):
-        raise JudgeUnavailable(f"the judge's answer has no choices[0].message.content: {str(payload)[:300]}") from None
-    return content if isinstance(content, str) else ""
+        await self.client.aclose()
 
 
 class LocalHFBackend(ChatBackend):
