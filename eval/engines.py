@@ -42,6 +42,7 @@ class EngineConfig:
     dtype: str = field(default="auto", metadata={"help": "hf/vllm: auto, bfloat16, float16 or float32"})
     tensor_parallel_size: int = field(default=1, metadata={"help": "vllm: GPUs per engine"})
     gpu_memory_utilization: float = field(default=0.85, metadata={"help": "vllm: share of GPU memory to use"})
+    enforce_eager: bool = field(default=False, metadata={"help": "vllm: no CUDA graphs / compilation (faster start)"})
     timeout_s: float = field(default=300.0, metadata={"help": "openai: per request"})
     retries: int = field(default=3, metadata={"help": "openai: per request"})
     requests_per_minute: float = field(default=0.0, metadata={"help": "openai: rate limit (0: none)"})
@@ -227,6 +228,7 @@ class VLLMGenerator:
             gpu_memory_utilization=config.gpu_memory_utilization,
             max_model_len=config.max_model_len,
             enable_prefix_caching=True,
+            enforce_eager=config.enforce_eager,
             seed=seed,
         )
         self.engine = AsyncLLMEngine.from_engine_args(args)

@@ -31,6 +31,7 @@ from tqdm import tqdm
 from eval.metrics import aggregate, average, question_metrics
 from eval.run import PREDICTIONS, read_manifest
 from r3_env.batching import Coalescer
+from r3_env.config import positive_ints
 from r3_env.data import JsonlWriter, iter_jsonl, write_jsonl
 from r3_env.reward_client import AsyncRewardClient, RewardServiceError, check_answer
 from r3_env.runs import JudgeConfig
@@ -51,15 +52,7 @@ class ScoreConfig:
         self.cutoff_list(1)
 
     def cutoff_list(self, max_steps: int) -> list[int]:
-        if not self.cutoffs:
-            return list(range(1, max_steps + 1))
-        try:
-            values = sorted({int(part) for part in self.cutoffs.split(",") if part.strip()})
-        except ValueError:
-            raise ValueError(f"cutoffs must be whole numbers separated by commas, got {self.cutoffs!r}") from None
-        if not values or values[0] < 1:
-            raise ValueError(f"cutoffs must be 1 or more, got {self.cutoffs!r}")
-        return values
+        return positive_ints(self.cutoffs, "cutoffs") if self.cutoffs else list(range(1, max_steps + 1))
 
 
 SECTIONS = [("", ScoreConfig), ("judge.", JudgeConfig)]

@@ -17,6 +17,7 @@ from pathlib import Path
 from eval.engines import EngineConfig, GenerationConfig, make_engine
 from eval.run import EvalRunConfig, format_stats, run_eval
 from eval.score import ScoreConfig, format_scores, score_run
+from r3_env.config import positive_ints
 from r3_env.env import EnvConfig
 from r3_env.runs import JudgeConfig, RetrievalSource
 
@@ -54,13 +55,7 @@ class SweepConfig:
         return sources
 
     def topk_list(self) -> list[int]:
-        try:
-            values = sorted({int(part) for part in self.topk.split(",") if part.strip()})
-        except ValueError:
-            raise ValueError(f"sweep.topk must be whole numbers separated by commas, got {self.topk!r}") from None
-        if not values or values[0] < 1:
-            raise ValueError(f"sweep.topk must be 1 or more, got {self.topk!r}")
-        return values
+        return positive_ints(self.topk, "sweep.topk")
 
 
 SECTIONS = [

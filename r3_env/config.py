@@ -139,6 +139,17 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def positive_ints(value: str, name: str) -> list[int]:
+    """The distinct whole numbers >= 1 of a comma-separated option, sorted (ConfigError naming ``name`` if not)."""
+    try:
+        values = sorted({int(part) for part in value.split(",") if part.strip()})
+    except ValueError:
+        raise ConfigError(f"{name} must be whole numbers separated by commas, got {value!r}") from None
+    if not values or values[0] < 1:
+        raise ConfigError(f"{name} must be 1 or more, got {value!r}")
+    return values
+
+
 def configs_from_args(
     args: argparse.Namespace, sections: list[tuple[str, type]], ignored: frozenset[str] = frozenset()
 ) -> list[Any]:

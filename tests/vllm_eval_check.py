@@ -24,7 +24,7 @@ def main() -> None:
     from r3_env.runs import RetrievalSource
 
     data, out, model, retriever_url = sys.argv[1:5]
-    engine = EngineConfig(kind="vllm", model=model, dtype="float32", max_model_len=4096)
+    engine = EngineConfig(kind="vllm", model=model, dtype="float32", max_model_len=4096, enforce_eager=True)
     config = EvalRunConfig(data=data, out=out, max_questions=4, concurrency=4)
     stats = asyncio.run(
         run_eval(config, EnvConfig(max_steps=3, max_step_tokens=48), engine, GenerationConfig(),
