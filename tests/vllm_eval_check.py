@@ -2,8 +2,9 @@
 
     .venv-vllm/bin/python tests/vllm_eval_check.py DATA OUT MODEL RETRIEVER_URL
 
-Run by tests/test_eval_vllm.py (r3rag is not installed in .venv-vllm, so the project root is on
-PYTHONPATH and the run is called directly rather than through the ``r3rag`` entry point).
+Run by tests/test_eval_vllm.py. .venv-vllm holds r3rag without its dependencies (setup_vllm.sh), so
+the run is called directly, with the retrieval service's URL, rather than through the ``r3rag``
+command, whose other subcommands import packages only .venv has.
 """
 
 from __future__ import annotations
