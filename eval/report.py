@@ -1,13 +1,16 @@
 """``r3rag eval report DIR``: every scored run under DIR as tables, sweep plots and a trajectory browser.
 
 - ``report.md`` / ``report.json``: the paper's layout (rows: method and retriever; columns:
-  datasets x ACC/F1/EM, then the Average), a retrieval table, and the two sweep curves as data;
-- ``report.html``: one self-contained page (no network): the tables, accuracy vs max steps (each
-  run's step cutoffs) and accuracy vs top-k (runs that differ only in ``env.topk``) as inline SVG,
-  and a trajectory browser filtered by run, dataset, verdict and step count, with gold documents
-  marked. Every text from a dataset or a model is escaped; the browser sets ``textContent`` only.
+  datasets x ACC/F1/EM, then the Average), a retrieval table, and the two sweep curves
+  (accuracy vs max steps: each run's step cutoffs; accuracy vs top-k: runs alike in all but
+  ``env.topk``), per dataset and on average;
+- ``report.html``: one self-contained page (no network): the same tables, both curves as inline
+  SVG, and a trajectory browser filtered by run, dataset, verdict and step count, with gold
+  documents marked. Text from datasets and models is untrusted: Python escapes what it writes
+  into HTML, the embedded JSON cannot close its <script>, and the page's script sets
+  ``textContent`` only.
 
-Accuracy in the curves is ACC when every run was judged, else EM (the page says which).
+Accuracy in the curves is ACC when every run was judged, else EM (the headings say which).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import html
 import json
 import logging
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,298 +30,451 @@ from r3_env.data import Passage, iter_jsonl
 logger = logging.getLogger(__name__)
 
 ANSWER_COLUMNS = (("acc", "ACC"), ("f1", "F1"), ("em", "EM"))
-RETRIEVAL_COLUMNS = (("recall", "Recall"), ("full_recall", "Full-Recall"), ("map", "mAP"), ("avg_docs", "docs"))
+RETRIEVAL_COLUMNS = (
+    ("recall", "Recall"),
+    ("full_recall", "Full-Recall"),
+    ("map", "mAP"),
+    ("avg_docs", "docs"),
+    ("avg_steps", "steps"),
+)
+COUNT_KEYS = frozenset({"avg_docs", "avg_steps"})  # averages shown as they are, not as percentages
+AVERAGE = "average"
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f")
+DOC_CHARS = 2000  # document text kept per retrieved passage in the page (the page shows 300, more on request)
 
 
 @dataclass
 class Run:
+    """One scored run folder; ``label`` is its row name in every table and plot."""
+
     folder: Path
     scores: dict[str, Any]
+    label: str = ""
 
     @property
     def info(self) -> dict[str, Any]:
-        return self.scores["run"]
+        return self.scores.get("run") or {}
 
     @property
-    def label(self) -> str:
-        return f"{self.info.get('method', '?')} ({self.info.get('retriever', '?')})"
+    def env(self) -> dict[str, Any]:
+        return self.info.get("env") or {}
 
     @property
     def topk(self) -> int | None:
-        return (self.info.get("env") or {}).get("topk")
+        return self.env.get("topk")
+
+    def cell(self, dataset: str) -> dict[str, Any] | None:
+        """The final-cutoff metrics of ``dataset`` (or of the average), None when the run lacks it."""
+        if dataset == AVERAGE:
+            return self.scores["average"]["final"]
+        data = self.scores["datasets"].get(dataset)
+        return data["final"] if data else None
+
+    def by_cutoff(self, dataset: str) -> dict[str, dict[str, Any]]:
+        block = self.scores["average"] if dataset == AVERAGE else self.scores["datasets"].get(dataset, {})
+        return block.get("by_cutoff", {})
+
+
+def _base_label(info: dict[str, Any]) -> str:
+    return f"{info.get('method', '?')} ({info.get('retriever', '?')})"
+
+
+def _read_scores(folder: Path) -> dict[str, Any]:
+    path = folder / "scores.json"
+    try:
+        scores = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON ({error}); rerun `r3rag eval score --run {folder}`") from error
+    if not scores.get("run"):  # older scores: the manifest beside it says what the run was
+        scores["run"] = json.loads((folder / "run.json").read_text())
+    return scores
 
 
 def find_runs(root: Path) -> list[Run]:
-    """Scored runs under ``root`` (``root`` itself may be one); unscored ones are skipped with a warning."""
+    """Scored runs under ``root`` (``root`` itself may be one); unscored ones are left out with a warning."""
     if not root.is_dir():
-        raise ValueError(f"{root} is not a folder of evaluation runs")
+        raise ValueError(f"{root} is not a folder: give the folder an `r3rag eval run --out` wrote, or its parent")
     runs = []
     for manifest in sorted(root.rglob("run.json")):
         folder = manifest.parent
-        scores = folder / "scores.json"
-        if not scores.exists():
+        if not (folder / "scores.json").exists():
             logger.warning("%s has no scores.json (run `r3rag eval score --run %s`); left out", folder, folder)
             continue
-        runs.append(Run(folder, json.loads(scores.read_text())))
+        runs.append(Run(folder, _read_scores(folder)))
     if not runs:
-        raise ValueError(f"no scored run under {root}: run `r3rag eval score --run RUN` for each run first")
-    labels = [run.label for run in runs]
-    for run in runs:  # several runs of one method and retriever: tell them apart by their names
-        if labels.count(run.label) > 1:
-            run_name = run.info.get("name") or run.folder.name
-            run.scores["run"] = {**run.info, "label": f"{run.label} {run_name}"}
+        raise ValueError(
+            f"no scored run under {root}: run `r3rag eval score --run RUN` for each run folder (with run.json) first"
+        )
+    _label_runs(runs, root)
     return runs
 
 
-def _label(run: Run) -> str:
-    return run.info.get("label") or run.label
+def _label_runs(runs: list[Run], root: Path) -> None:
+    """Row labels: method (retriever), plus the run's name where several share that, its folder if names clash."""
+    base = [_base_label(run.info) for run in runs]
+    for run, label in zip(runs, base, strict=True):
+        run.label = label if base.count(label) == 1 else f"{label} {run.info.get('name') or run.folder.name}"
+    labels = [run.label for run in runs]
+    for run in runs:
+        if labels.count(run.label) > 1:
+            run.label = f"{_base_label(run.info)} {run.folder.relative_to(root).as_posix() or run.folder.name}"
+
+
+def _datasets(runs: list[Run]) -> list[str]:
+    """Datasets in the order the runs name them (run.json's list first), then the others sorted."""
+    order: dict[str, None] = {}
+    for run in runs:
+        named = [d for d in run.info.get("datasets") or () if isinstance(d, str) and d in run.scores["datasets"]]
+        for name in [*named, *sorted(run.scores["datasets"])]:
+            order.setdefault(name, None)
+    return list(order)
 
 
 def curve_metric(runs: list[Run]) -> str:
+    """ACC when every run had a judge, else EM: one curve must not mix the two."""
     return "acc" if all(run.scores.get("judge") for run in runs) else "em"
 
 
-def build_tables(runs: list[Run]) -> dict[str, Any]:
-    """The report's content as data (report.json)."""
-    datasets = sorted({name for run in runs for name in run.scores["datasets"]})
-    metric = curve_metric(runs)
-    main, retrieval = [], []
-    for run in runs:
-        cells = {name: run.scores["datasets"][name]["final"] for name in datasets if name in run.scores["datasets"]}
-        cells["average"] = run.scores["average"]["final"]
-        common = {"run": _label(run), "name": run.info.get("name"), "method": run.info.get("method"),
-                  "retriever": run.info.get("retriever"), "model": run.info.get("model"), "topk": run.topk}  # fmt: skip
-        main.append({**common, **{f"{d}.{key}": c.get(key) for d, c in cells.items() for key, _ in ANSWER_COLUMNS}})
-        if any(cell.get("recall") is not None for cell in cells.values()):
-            retrieval.append(
-                {**common, **{f"{d}.{key}": c.get(key) for d, c in cells.items() for key, _ in RETRIEVAL_COLUMNS}}
-            )
-    steps_curves = [
-        {"run": _label(run), "points": [[int(c), run.scores["average"]["by_cutoff"][str(c)][metric]]
-                                        for c in run.scores["cutoffs"]],
-         "by_dataset": {name: [[int(c), data["by_cutoff"][str(c)][metric]] for c in run.scores["cutoffs"]]
-                        for name, data in run.scores["datasets"].items()}}
-        for run in runs
-    ]  # fmt: skip
+def _row(run: Run, groups: list[str], columns: tuple) -> dict[str, Any]:
+    cells = {group: run.cell(group) for group in groups}
     return {
-        "metric": metric,
-        "datasets": datasets,
-        "main": main,
-        "retrieval": retrieval,
-        "steps_curves": steps_curves,
-        "topk_curves": topk_curves(runs, metric),
+        "run": run.label,
+        **{key: run.info.get(key, "?") for key in ("name", "method", "retriever", "model")},
+        "topk": run.topk,
+        "scores": {g: {key: c.get(key) for key, _ in columns} for g, c in cells.items() if c is not None},
     }
 
 
-def topk_curves(runs: list[Run], metric: str) -> list[dict[str, Any]]:
-    """Runs alike in all but ``env.topk`` (method, retriever, model, other episode rules): one curve each group."""
-    groups: dict[str, list[Run]] = defaultdict(list)
+def _run_summary(run: Run) -> dict[str, Any]:
+    return {
+        "run": run.label,
+        "name": run.info.get("name", "?"),
+        "method": run.info.get("method", "?"),
+        "retriever": run.info.get("retriever", "?"),
+        "model": run.info.get("model", "?"),
+        "engine": run.info.get("engine", "?"),
+        "topk": run.topk,
+        "max_steps": run.env.get("max_steps"),
+        "judge": run.scores.get("judge"),
+        "questions": sum(data.get("questions", 0) for data in run.scores["datasets"].values()),
+        "folder": str(run.folder),
+    }
+
+
+def _cutoff_points(run: Run, group: str, metric: str) -> list[list[Any]]:
+    curve = run.by_cutoff(group)
+    return [[int(c), curve[str(c)][metric]] for c in run.scores.get("cutoffs", []) if str(c) in curve]
+
+
+def steps_curves(runs: list[Run], groups: list[str], metric: str) -> list[dict[str, Any]]:
+    """Each run's accuracy at every step cutoff, per dataset and on average."""
+    return [{"run": run.label, "points": {g: _cutoff_points(run, g, metric) for g in groups}} for run in runs]
+
+
+def topk_curves(runs: list[Run], groups: list[str], metric: str) -> list[dict[str, Any]]:
+    """Runs whose run.json differs only in ``env.topk`` (and name): one curve per group of two or more."""
+    alike: dict[str, list[Run]] = defaultdict(list)
     for run in runs:
-        env = {k: v for k, v in (run.info.get("env") or {}).items() if k != "topk"}
-        key = json.dumps(
-            [run.info.get("method"), run.info.get("retriever"), run.info.get("model"), env], sort_keys=True
-        )
-        groups[key].append(run)
+        key = {k: v for k, v in run.info.items() if k not in ("name", "env")}
+        key["env"] = {k: v for k, v in run.env.items() if k != "topk"}
+        alike[json.dumps(key, sort_keys=True, default=str)].append(run)
     curves = []
-    for group in groups.values():
-        if len({run.topk for run in group}) < 2:
+    for group_runs in alike.values():
+        group_runs = [run for run in group_runs if run.topk is not None]
+        if len({run.topk for run in group_runs}) < 2:
             continue
-        group.sort(key=lambda run: run.topk or 0)
-        first = group[0]
-        curves.append({
-            "series": f"{first.info.get('method')} ({first.info.get('retriever')})",
-            "points": [[run.topk, run.scores["average"]["final"][metric]] for run in group],
-            "by_dataset": {name: [[run.topk, run.scores["datasets"][name]["final"][metric]] for run in group
-                                  if name in run.scores["datasets"]] for name in first.scores["datasets"]},
-        })  # fmt: skip
+        group_runs.sort(key=lambda run: run.topk)
+        points = {
+            group: [[run.topk, cell[metric]] for run in group_runs if (cell := run.cell(group)) is not None]
+            for group in groups
+        }
+        first = group_runs[0].info
+        series = {"series": _base_label(first), "runs": [run.label for run in group_runs], "model": first.get("model")}
+        curves.append({**series, "points": points})
+    names = [curve["series"] for curve in curves]
+    for curve in curves:  # one method and retriever with several models: the model tells them apart
+        if names.count(curve["series"]) > 1:
+            curve["series"] += f" {curve['model']}"
     return curves
 
 
-def _pct(value: float | None) -> str:
-    return "–" if value is None else f"{100 * value:.1f}"
+def build_tables(runs: list[Run]) -> dict[str, Any]:
+    """The report's content as data: what report.json holds and both renderings read."""
+    datasets = _datasets(runs)
+    groups = [*datasets, AVERAGE]
+    metric = curve_metric(runs)
+    with_recall = [run for run in runs if any((run.cell(g) or {}).get("recall") is not None for g in groups)]
+    return {
+        "metric": metric,
+        "datasets": datasets,
+        "runs": [_run_summary(run) for run in runs],
+        "main": [_row(run, groups, ANSWER_COLUMNS) for run in runs],
+        "retrieval": [_row(run, groups, RETRIEVAL_COLUMNS) for run in with_recall],
+        "steps_curves": steps_curves(runs, groups, metric),
+        "topk_curves": topk_curves(runs, groups, metric),
+    }
 
 
-def _cell(key: str, value: float | None) -> str:
-    return ("–" if value is None else f"{value:.1f}") if key == "avg_docs" else _pct(value)
+def _fmt(key: str, value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.1f}" if key in COUNT_KEYS else f"{100 * value:.1f}"
 
 
-def _markdown_table(rows: list[dict], datasets: list[str], columns: tuple) -> list[str]:
-    groups = [*datasets, "average"]
-    header = "| run | " + " | ".join(f"{d} {title}" for d in groups for _, title in columns) + " |"
-    lines = [header, "|" + "---|" * (1 + len(groups) * len(columns))]
-    for row in rows:
-        cells = [_cell(key, row.get(f"{d}.{key}")) for d in groups for key, _ in columns]
-        lines.append(f"| {row['run']} | " + " | ".join(cells) + " |")
-    return lines
+def _cells(row: dict[str, Any], groups: list[str], columns: tuple) -> list[str]:
+    return [_fmt(key, row["scores"].get(group, {}).get(key)) for group in groups for key, _ in columns]
+
+
+# -- Markdown --------------------------------------------------------------------------------------
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(cells) + " |" for cells in rows]
+
+
+def _md_scores(rows: list[dict[str, Any]], datasets: list[str], columns: tuple) -> list[str]:
+    groups = [*datasets, AVERAGE]
+    header = ["run", *(f"{group} {title}" for group in groups for _, title in columns)]
+    return _md_table(header, [[row["run"], *_cells(row, groups, columns)] for row in rows])
+
+
+def _md_curves(curves: list[dict[str, Any]], name_key: str, group: str) -> list[str]:
+    xs = sorted({x for curve in curves for x, _ in curve["points"][group]})
+    rows = []
+    for curve in curves:
+        points = dict(curve["points"][group])
+        rows.append([curve[name_key], *(_fmt("", points.get(x)) for x in xs)])
+    return _md_table([name_key, *map(str, xs)], rows)
 
 
 def render_markdown(tables: dict[str, Any]) -> str:
     datasets, metric = tables["datasets"], tables["metric"].upper()
     lines = ["# Evaluation report", "", "## Answers (ACC / F1 / EM, %)", ""]
-    lines += _markdown_table(tables["main"], datasets, ANSWER_COLUMNS)
+    lines += _md_scores(tables["main"], datasets, ANSWER_COLUMNS)
     if tables["retrieval"]:
-        lines += ["", "## Retrieval (Recall / Full-Recall / mAP in %, documents read)", ""]
-        lines += _markdown_table(tables["retrieval"], datasets, RETRIEVAL_COLUMNS)
-    lines += ["", f"## {metric} vs max steps (average over datasets, %)", ""]
-    cutoffs = sorted({x for curve in tables["steps_curves"] for x, _ in curve["points"]})
-    lines += ["| run | " + " | ".join(map(str, cutoffs)) + " |", "|" + "---|" * (1 + len(cutoffs))]
-    for curve in tables["steps_curves"]:
-        points = dict(curve["points"])
-        lines.append(f"| {curve['run']} | " + " | ".join(_pct(points.get(c)) for c in cutoffs) + " |")
+        lines += ["", "## Retrieval (Recall / Full-Recall / mAP in %; documents read and steps per question)", ""]
+        lines += _md_scores(tables["retrieval"], datasets, RETRIEVAL_COLUMNS)
+    views = [AVERAGE, *datasets] if len(datasets) > 1 else [AVERAGE]  # one dataset: its curve is the average
+    for group in views:
+        where = "average over datasets" if group == AVERAGE else group
+        lines += ["", f"## {metric} vs max steps ({where}, %; columns: max steps)", ""]
+        lines += _md_curves(tables["steps_curves"], "run", group)
     if tables["topk_curves"]:
-        lines += ["", f"## {metric} vs top-k (average over datasets, %)", ""]
-        for curve in tables["topk_curves"]:
-            points = ", ".join(f"k={k}: {_pct(v)}" for k, v in curve["points"])
-            lines.append(f"- {curve['series']}: {points}")
+        for group in views:
+            where = "average over datasets" if group == AVERAGE else group
+            lines += ["", f"## {metric} vs top-k ({where}, %; columns: documents per step)", ""]
+            lines += _md_curves(tables["topk_curves"], "series", group)
     return "\n".join(lines) + "\n"
 
 
 # -- HTML ------------------------------------------------------------------------------------------
 
 
-def svg_chart(element_id: str, series: list[tuple[str, list[list[float]]]], x_label: str, y_label: str) -> str:
-    """A line chart as inline SVG: axes with ticks, one polyline and dots per series, a legend."""
-    width, height, left, right, top, bottom = 560, 300, 52, 150, 16, 44
-    points = [(x, y) for _, values in series for x, y in values if y is not None]
+def _e(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def _y_scale(top_value: float) -> tuple[float, float]:
+    """(axis top, tick step): round steps of 5, 10 or 20 points, at most six ticks above zero."""
+    step = next(step for step in (0.05, 0.1, 0.2) if top_value <= 6 * step or step == 0.2)
+    return max(step, math.ceil(top_value / step - 1e-9) * step), step
+
+
+def svg_chart(series: list[tuple[str, str, list[list[float]]]], x_label: str, y_label: str) -> str:
+    """A line chart as inline SVG: axes, ticks and grid, one polyline with dots per (name, colour, points)."""
+    width, height, left, top, plot_w, plot_h = 600, 300, 52, 14, 532, 242
+    points = [(x, y) for _, _, values in series for x, y in values if y is not None]
     if not points:
-        return f'<p id="{element_id}" class="empty">No data for this plot.</p>'
+        return '<p class="empty">No data for this plot.</p>'
     xs = sorted({x for x, _ in points})
-    y_top = max(0.05, max(y for _, y in points))
-    y_top = min(1.0, (int(y_top * 10) + 1) / 10)
-    x_min, x_max = xs[0], xs[-1] if xs[-1] != xs[0] else xs[0] + 1
-    plot_w, plot_h = width - left - right, height - top - bottom
+    y_top, y_step = _y_scale(max(y for _, y in points))
+    x_min, x_span = xs[0], (xs[-1] - xs[0]) or 1
 
     def px(x: float) -> float:
-        return left + (x - x_min) / (x_max - x_min) * plot_w
+        return left + 12 + (x - x_min) / x_span * (plot_w - 24)
 
     def py(y: float) -> float:
         return top + plot_h - y / y_top * plot_h
 
-    parts = [f'<svg id="{element_id}" viewBox="0 0 {width} {height}" role="img" class="chart">']
-    parts.append(f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" class="axis"/>')
-    parts.append(f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + plot_h}" class="axis"/>')
-    for i in range(6):
-        value = y_top * i / 5
-        y = py(value)
+    bottom = top + plot_h
+    parts = [f'<svg viewBox="0 0 {width} {height}" role="img" class="chart" aria-label="{_e(y_label)}">']
+    for i in range(round(y_top / y_step) + 1):
+        y = py(i * y_step)
         parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" class="grid"/>')
-        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{100 * value:.0f}</text>')
+        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{100 * i * y_step:.0f}</text>')
+    parts.append(f'<line x1="{left}" y1="{bottom}" x2="{left + plot_w}" y2="{bottom}" class="axis"/>')
+    parts.append(f'<line x1="{left}" y1="{top}" x2="{left}" y2="{bottom}" class="axis"/>')
     for x in xs:
-        parts.append(f'<text x="{px(x):.1f}" y="{top + plot_h + 16}" text-anchor="middle">{x:g}</text>')
-    parts.append(f'<text x="{left + plot_w / 2}" y="{height - 6}" text-anchor="middle">{html.escape(x_label)}</text>')
+        parts.append(f'<line x1="{px(x):.1f}" y1="{bottom}" x2="{px(x):.1f}" y2="{bottom + 4}" class="axis"/>')
+        parts.append(f'<text x="{px(x):.1f}" y="{bottom + 17}" text-anchor="middle">{x:g}</text>')
     parts.append(
-        f'<text transform="translate(14 {top + plot_h / 2}) rotate(-90)" text-anchor="middle">'
-        f"{html.escape(y_label)}</text>"
+        f'<text x="{left + plot_w / 2}" y="{height - 6}" text-anchor="middle" class="axis-label">{_e(x_label)}</text>'
+        f'<text transform="translate(14 {top + plot_h / 2}) rotate(-90)" text-anchor="middle" class="axis-label">'
+        f"{_e(y_label)}</text>"
     )
-    for index, (name, values) in enumerate(series):
-        color = PALETTE[index % len(PALETTE)]
+    for name, color, values in series:
         kept = [(x, y) for x, y in values if y is not None]
         line = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in kept)
         parts.append(f'<polyline points="{line}" fill="none" stroke="{color}" stroke-width="2"/>')
-        for x, y in kept:
-            parts.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{color}"><title>'
-                         f"{html.escape(name)}: {x:g} → {100 * y:.1f}</title></circle>")  # fmt: skip
-        legend_y = top + 14 + 18 * index
-        parts.append(f'<rect x="{left + plot_w + 12}" y="{legend_y - 9}" width="12" height="3" fill="{color}"/>')
-        parts.append(f'<text x="{left + plot_w + 30}" y="{legend_y - 4}">{html.escape(name[:22])}</text>')
+        parts += [
+            f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3.5" fill="{color}">'
+            f"<title>{_e(name)}: {x:g} → {100 * y:.1f}</title></circle>"
+            for x, y in kept
+        ]
     parts.append("</svg>")
     return "".join(parts)
 
 
-def _html_table(element_id: str, rows: list[dict], datasets: list[str], columns: tuple) -> str:
-    groups = [*datasets, "average"]
-    head = "<tr><th rowspan=2>run</th>" + "".join(f'<th colspan="{len(columns)}">{html.escape(d)}</th>' for d in groups)
+def _plot(element_id: str, title: str, curves: list[dict[str, Any]], name_key: str, x_label: str, metric: str) -> str:
+    """A figure with one chart per view (the average first, then each dataset), a view <select> and a legend."""
+    colors = [PALETTE[i % len(PALETTE)] for i in range(len(curves))]
+    views = list(curves[0]["points"])
+    views.remove(AVERAGE)
+    views.insert(0, AVERAGE)
+    options, charts = [], []
+    for view in views:
+        options.append(
+            f'<option value="{_e(view)}">{"average over datasets" if view == AVERAGE else _e(view)}</option>'
+        )
+        series = [(curve[name_key], color, curve["points"][view]) for curve, color in zip(curves, colors, strict=True)]
+        hidden = "" if view == AVERAGE else " hidden"
+        charts.append(
+            f'<div class="view" data-view="{_e(view)}"{hidden}>{svg_chart(series, x_label, metric + " (%)")}</div>'
+        )
+    legend = "".join(
+        f'<li><span class="swatch" style="background:{color}"></span>{_e(curve[name_key])}</li>'
+        for curve, color in zip(curves, colors, strict=True)
+    )
+    return (
+        f'<figure><figcaption>{_e(title)} <select id="{element_id}-view" aria-label="plot view">{"".join(options)}'
+        f'</select></figcaption><div id="{element_id}" class="plot">{"".join(charts)}</div>'
+        f'<ul class="legend">{legend}</ul></figure>'
+    )
+
+
+def _html_scores(element_id: str, rows: list[dict[str, Any]], datasets: list[str], columns: tuple) -> str:
+    groups = [*datasets, AVERAGE]
+    head = '<tr><th rowspan="2">run</th>' + "".join(f'<th colspan="{len(columns)}">{_e(g)}</th>' for g in groups)
     head += "</tr><tr>" + "".join(f"<th>{title}</th>" for _ in groups for _, title in columns) + "</tr>"
     body = "".join(
-        f"<tr><td>{html.escape(row['run'])}</td>"
-        + "".join(f"<td>{_cell(key, row.get(f'{d}.{key}'))}</td>" for d in groups for key, _ in columns)
+        f'<tr><td title="{_e(row["model"])} · {_e(row["name"])}">{_e(row["run"])}</td>'
+        + "".join(f"<td>{cell}</td>" for cell in _cells(row, groups, columns))
         + "</tr>"
         for row in rows
     )
     return f'<table id="{element_id}"><thead>{head}</thead><tbody>{body}</tbody></table>'
 
 
-def trajectories(run: Run, max_questions: int) -> tuple[list[dict[str, Any]], int]:
-    """The browser's view of a run's questions (at most ``max_questions``) and how many it has."""
-    scored = {}
-    path = run.folder / "question_scores.jsonl"
-    if path.exists():
-        scored = {row["id"]: row for _, row in iter_jsonl(path)}
-    items, total = [], 0
-    for _, row in iter_jsonl(run.folder / "predictions.jsonl"):
-        total += 1
-        if len(items) >= max_questions:
-            continue
-        gold = set(map(str, row.get("gold_ids") or ()))
-        score = scored.get(row["id"], {})
-        steps = []
-        for step in row.get("steps", []):
-            documents = [Passage(str(d["id"]), d["contents"]) for d in step.get("documents") or ()]
-            steps.append({
-                "analysis": step.get("analysis", ""), "query": step.get("query"), "answer": step.get("answer"),
-                "docs": [{"id": p.id, "title": p.title, "text": p.text[:1500], "gold": p.id in gold}
-                         for p in documents],
-            })  # fmt: skip
-        items.append({
-            "run": _label(run), "id": row["id"], "dataset": row["dataset"], "question": row["question"],
-            "golden": row.get("golden_answers", []), "answer": row.get("answer"), "prediction": row.get("prediction"),
-            "steps": steps, "num_steps": row.get("num_steps", len(steps)), "invalid": row.get("invalid"),
-            "correct": bool(score.get("correct")), "em": score.get("em"), "f1": score.get("f1"),
-            "judge": score.get("judge"),
+def _html_runs(runs: list[dict[str, Any]]) -> str:
+    keys = ("run", "name", "model", "engine", "topk", "max_steps", "judge", "questions")
+    head = "".join(f"<th>{key.replace('_', ' ')}</th>" for key in keys)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{_e('–' if run[key] is None else run[key])}</td>" for key in keys) + "</tr>"
+        for run in runs
+    )
+    return f'<table id="runs-table" class="runs"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _steps(row: dict[str, Any]) -> list[dict[str, Any]]:
+    gold = set(map(str, row.get("gold_ids") or ()))
+    steps = []
+    for step in row.get("steps") or ():
+        passages = [
+            Passage(str(doc.get("id", "?")), str(doc.get("contents", ""))) for doc in step.get("documents") or ()
+        ]
+        steps.append({
+            "analysis": step.get("analysis") or "", "query": step.get("query"), "answer": step.get("answer"),
+            "docs": [{"id": p.id, "title": p.title, "text": p.text[:DOC_CHARS], "gold": p.id in gold}
+                     for p in passages],
         })  # fmt: skip
-    return items, total
+    return steps
+
+
+def trajectories(run: Run, max_questions: int) -> tuple[list[dict[str, Any]], int]:
+    """The browser's view of a run's first ``max_questions`` questions, and how many the run has."""
+    predictions, question_scores = run.folder / "predictions.jsonl", run.folder / "question_scores.jsonl"
+    if not predictions.exists():
+        logger.warning("%s has no predictions.jsonl: its trajectories are left out of the page", run.folder)
+        return [], 0
+    scored = {row["id"]: row for _, row in iter_jsonl(question_scores)} if question_scores.exists() else {}
+    rows = {row["id"]: row for _, row in iter_jsonl(predictions)}  # a resumed run's retried question: its last try
+    items = []
+    for row in list(rows.values())[:max_questions]:
+        score = scored.get(row["id"], {})
+        steps = _steps(row)
+        items.append({
+            "run": run.label, "id": row["id"], "dataset": row.get("dataset", "?"), "question": row.get("question", ""),
+            "golden": row.get("golden_answers") or [], "answer": row.get("answer"),
+            "prediction": row.get("prediction") or "", "steps": steps, "num_steps": row.get("num_steps", len(steps)),
+            "invalid": row.get("invalid"), "correct": bool(score.get("correct")), "em": score.get("em"),
+            "f1": score.get("f1"), "acc": score.get("acc"), "judge": score.get("judge"),
+        })  # fmt: skip
+    return items, len(rows)
 
 
 def _embed(value: Any) -> str:
-    """JSON safe inside a <script> element: with every '<' escaped, no '</script>' or '<!--' can end or bend it."""
+    """JSON for a <script> element: every '<' escaped, so no '</script>' or '<!--' in the data can end or bend it."""
     return json.dumps(value, ensure_ascii=False).replace("<", "\\u003c")
 
 
-def render_html(tables: dict[str, Any], runs: list[Run], max_questions_per_run: int) -> str:
-    datasets, metric = tables["datasets"], tables["metric"].upper()
+def _trajectory_section(runs: list[Run], max_questions_per_run: int) -> str:
     data, notes = [], []
     for run in runs:
         items, total = trajectories(run, max_questions_per_run)
         data += items
         if total > len(items):
-            notes.append(f"{_label(run)}: showing the first {len(items):,} of {total:,} questions")
-    steps_series = [(curve["run"], curve["points"]) for curve in tables["steps_curves"]]
-    topk_series = [(curve["series"], curve["points"]) for curve in tables["topk_curves"]]
-    sections = [
-        "<h1>Evaluation report</h1>",
-        f"<p class=note>{len(runs)} run(s); accuracy in the plots is {metric}"
-        f"{' (the LLM judge)' if metric == 'ACC' else ' (not every run was judged)'}; rates in %.</p>",
-        "<h2>Answers: ACC / F1 / EM</h2>",
-        _html_table("main-table", tables["main"], datasets, ANSWER_COLUMNS),
-    ]
-    if tables["retrieval"]:
-        sections += [
-            "<h2>Retrieval: Recall / Full-Recall / mAP, documents read</h2>",
-            _html_table("retrieval-table", tables["retrieval"], datasets, RETRIEVAL_COLUMNS),
-        ]
-    sections += [
-        '<div class="plots"><figure><figcaption>' + f"{metric} vs max steps (average over datasets)</figcaption>",
-        svg_chart("plot-steps", steps_series, "max steps", f"{metric} (%)"),
-        "</figure><figure><figcaption>" + f"{metric} vs top-k (average over datasets)</figcaption>",
-        svg_chart("plot-topk", topk_series, "documents per step (top-k)", f"{metric} (%)")
-        if topk_series
-        else '<p id="plot-topk" class="empty">No runs that differ only in top-k (see r3rag eval sweep).</p>',
-        "</figure></div>",
-        "<h2>Trajectories</h2>",
-        "".join(f"<p class=note>{html.escape(note)}</p>" for note in notes),
-        '<div class="filters">'
+            notes.append(f"{run.label}: the first {len(items):,} of {total:,} questions are shown (capped).")
+    return (
+        "<h2>Trajectories</h2>"
+        + "".join(f'<p class="note capped">{_e(note)}</p>' for note in notes)
+        + '<div class="filters">'
         '<label>run <select id="filter-run"></select></label>'
         '<label>dataset <select id="filter-dataset"></select></label>'
         '<label>verdict <select id="filter-verdict"><option value="all">all</option>'
         '<option value="correct">correct</option><option value="wrong">wrong</option></select></label>'
         '<label>steps <select id="filter-steps"></select></label>'
-        '<label>search <input id="filter-text" type="search" placeholder="words in the question"></label>'
-        '<span id="trajectory-count"></span></div>',
-        '<div id="trajectories"></div>',
-        f'<script type="application/json" id="trajectory-data">{_embed(data)}</script>',
+        '<label>search <input id="filter-text" type="search" placeholder="words in the question or answer"></label>'
+        '<span id="trajectory-count"></span></div>'
+        '<div id="trajectories"></div>'
+        f'<script type="application/json" id="trajectory-data">{_embed(data)}</script>'
+    )
+
+
+def render_html(tables: dict[str, Any], runs: list[Run], max_questions_per_run: int = 2000) -> str:
+    """The self-contained page: tables, the two sweep plots and the trajectory browser."""
+    datasets, metric = tables["datasets"], tables["metric"].upper()
+    why = "every run was judged" if metric == "ACC" else "not every run was judged, so EM"
+    sections = [
+        "<h1>Evaluation report</h1>",
+        f'<p class="note">{len(runs)} run(s) over {len(datasets)} dataset(s). Rates in %; ACC is the judge\'s '
+        f"accuracy (– where a run had no judge). The plots show {metric} ({why}).</p>",
+        "<h2>Runs</h2>",
+        _html_runs(tables["runs"]),
+        "<h2>Answers: ACC / F1 / EM</h2>",
+        _html_scores("main-table", tables["main"], datasets, ANSWER_COLUMNS),
     ]
+    if tables["retrieval"]:
+        sections += [
+            "<h2>Retrieval: Recall / Full-Recall / mAP, documents read and steps per question</h2>",
+            _html_scores("retrieval-table", tables["retrieval"], datasets, RETRIEVAL_COLUMNS),
+        ]
+    sections.append('<h2>Sweeps</h2><div class="plots">')
+    steps_plot = _plot("plot-steps", f"{metric} vs max steps", tables["steps_curves"], "run", "max steps", metric)
+    sections.append(steps_plot)
+    if tables["topk_curves"]:
+        x_label = "documents per step (top-k)"
+        sections.append(_plot("plot-topk", f"{metric} vs top-k", tables["topk_curves"], "series", x_label, metric))
+    else:
+        sections.append(
+            f'<figure><figcaption>{metric} vs top-k</figcaption><p id="plot-topk" class="empty">'
+            "No runs that differ only in top-k (see <code>r3rag eval sweep</code>).</p></figure>"
+        )
+    sections.append("</div>")
+    sections.append(_trajectory_section(runs, max_questions_per_run))
     return (
-        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>r3rag evaluation report</title>'
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1"><title>r3rag evaluation report</title>'
         f"<style>{PAGE_STYLE}</style></head><body>{''.join(sections)}<script>{PAGE_SCRIPT}</script></body></html>"
     )
 

@@ -10,7 +10,9 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 
-if [[ ! -x /usr/bin/chromium ]]; then
+if [[ -x /usr/bin/chromium ]]; then
+    echo "[setup_browser] /usr/bin/chromium is installed"
+else
     if [[ "$(id -u)" != 0 ]] || ! command -v apt-get >/dev/null; then
         echo "[setup_browser] /usr/bin/chromium is missing and apt-get cannot run here: the browser test will skip" >&2
     else
@@ -24,7 +26,7 @@ if [[ ! -x /usr/bin/chromium ]]; then
 fi
 
 if ! command -v npm >/dev/null; then
-    echo "[setup_browser] npm is missing: the browser test will skip (install Node.js 18 or newer)" >&2
+    echo "[setup_browser] npm is missing: the browser test will skip (install Node.js 20 or newer)" >&2
     exit 0
 fi
 stamp=tests/browser/node_modules/.r3rag-stamp
