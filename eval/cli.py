@@ -74,11 +74,20 @@ def run_run(args: argparse.Namespace) -> int:
 
 def run_score(args: argparse.Namespace) -> int:
     import asyncio
+    import sys
 
     from eval.score import SECTIONS, format_scores, score_run
+    from r3_env.reward_client import RewardServiceError
 
     config, judge = configs_from_args(args, SECTIONS)
-    print(format_scores(asyncio.run(score_run(config, judge))))
+    try:
+        scores = asyncio.run(score_run(config, judge))
+    except RewardServiceError as error:
+        print(
+            f"r3rag eval score: the judge failed ({error}); verdicts so far are kept, rerun to go on", file=sys.stderr
+        )
+        return 1
+    print(format_scores(scores))
     return 0
 
 

@@ -2,16 +2,17 @@
 
 Every method (the step-by-step policy and the baselines) talks to the model through chat
 messages. The token engines (``vllm`` offline on GPU, ``hf`` on CPU or one GPU) apply the chat
-template themselves with :class:`r3_env.protocol.ChatRenderer`, so a policy sees at evaluation
-exactly the tokens it saw in RL; ``openai`` sends the messages to any OpenAI-compatible server
-(vLLM serving an official R3-RAG checkpoint, a hosted model) and lets it apply its template.
+template themselves with :class:`r3_env.protocol.ChatRenderer`, the renderer and template RL
+uses (earlier steps are re-rendered from their parsed form, so stray whitespace a policy wrote
+is normalised, where RL keeps its raw tokens); ``openai`` sends the messages to any
+OpenAI-compatible server (vLLM serving an official R3-RAG checkpoint, a hosted model) and lets
+it apply its template.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -22,6 +23,9 @@ from r3_env.chat_client import ChatReply, OpenAIChat
 from r3_env.protocol import ChatRenderer, MessageRenderer
 
 logger = logging.getLogger(__name__)
+
+
+DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,10 @@ class EngineConfig:
             raise ValueError("engine.kind openai needs engine.base_url (e.g. http://127.0.0.1:8001/v1)")
         if self.max_model_len < 16 or self.max_batch < 1 or self.tensor_parallel_size < 1:
             raise ValueError("max_model_len must be at least 16, max_batch and tensor_parallel_size at least 1")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"engine.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"engine.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
 
 
 @dataclass(frozen=True)
@@ -176,7 +184,11 @@ class TokenEngine(Engine):
 
 
 class OpenAIEngine(Engine):
-    """A model behind an OpenAI-compatible chat endpoint; the server applies its chat template."""
+    """A model behind an OpenAI-compatible chat endpoint; the server applies its chat template.
+
+    A request the endpoint rejects for good (or a reply with no text) is an :class:`EngineError`: the
+    question is not written and the next run retries it.
+    """
 
     def __init__(self, config: EngineConfig, generation: GenerationConfig, max_connections: int = 64) -> None:
         self.generation, self.name = generation, config.model
@@ -196,7 +208,6 @@ class OpenAIEngine(Engine):
     async def chat(self, messages: Sequence[dict[str, str]], max_tokens: int, stop: Sequence[str] = ()) -> ChatReply:
         from r3_env.chat_client import ChatEndpointError
 
-        started = time.perf_counter()
         try:
             reply = await self.client.complete(
                 messages,
@@ -208,8 +219,7 @@ class OpenAIEngine(Engine):
             )
         except ChatEndpointError as error:
             raise EngineError(f"engine {error}") from None
-        self.busy_s = (self.busy_s or 0.0) + time.perf_counter() - started
-        return reply
+        return reply  # busy_s stays None: concurrent requests overlap, and the server's own time is unknown
 
     async def aclose(self) -> None:
         await self.client.aclose()

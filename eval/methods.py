@@ -70,7 +70,10 @@ class StepByStep(Method):
         if renderer is None:
             renderer = ctx.cache[("renderer", step_format)] = ctx.engine.renderer(step_format, ctx.env.doc_chars)
         env = RetrievalEnv(ctx.env, renderer, ctx.search, item.question)
-        usage = await play(env, renderer, lambda messages, _turns: ctx.engine.chat(messages, ctx.env.max_step_tokens))
+        stop = renderer.format.stop_strings()
+        usage = await play(
+            env, renderer, lambda messages, _turns: ctx.engine.chat(messages, ctx.env.max_step_tokens, stop)
+        )
         return {
             **episode_fields(env),
             "prediction": clean_answer(env.answer or ""),
@@ -137,12 +140,6 @@ _METHODS: dict[str, Callable[[], Method]] = {
     "direct": lambda: AnswerOnce("direct", with_documents=False),
     "naive_rag": lambda: AnswerOnce("naive_rag", with_documents=True),
 }
-
-
-def register_method(name: str, factory: Callable[[], Method]) -> None:
-    if name in _METHODS:
-        raise ValueError(f"method {name!r} is already registered")
-    _METHODS[name] = factory
 
 
 def available_methods() -> list[str]:

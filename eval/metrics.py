@@ -2,13 +2,14 @@
 
 Answer metrics are FlashRAG's (:mod:`r3_env.answers`: EM, F1 and sub-EM after SQuAD
 normalisation). Retrieval metrics need the dataset's gold passage ids: the documents a question
-retrieved, in retrieval order with repeats dropped, are one ranked list, and
+read (shown to the policy: a last query that ran out of steps was never shown), in retrieval
+order with repeats dropped, are one ranked list, and
 
 - Recall: the share of gold passages in it; Full-Recall: 1 when all of them are;
 - AP: the mean over gold passages of precision at the rank where each was found (0 if never).
 
 A step cutoff ``c`` keeps a trajectory's first ``c`` steps: an answer in a later step does not
-count (no answer within the cutoff is wrong), and only documents retrieved in those steps count.
+count (no answer within the cutoff is wrong), and only documents read within those steps count.
 One run with ``max_steps`` 10 therefore gives the whole accuracy-vs-max-steps curve.
 """
 
@@ -65,6 +66,17 @@ def steps_within(row: dict[str, Any], cutoff: int) -> list[dict[str, Any]]:
     return row.get("steps", [])[:cutoff]
 
 
+def documents_read(row: dict[str, Any], cutoff: int) -> list[dict[str, Any]]:
+    """The query steps whose documents the policy saw within ``cutoff`` steps.
+
+    Step i's documents are read when another step follows within the cutoff: a query that ends
+    the trajectory, or that is the cutoff's last step, retrieved documents nobody read (with
+    ``max_steps`` = cutoff the episode would have ended there).
+    """
+    last = min(cutoff, row["num_steps"])
+    return [step for step in row.get("steps", [])[: last - 1] if "query" in step]
+
+
 def question_metrics(row: dict[str, Any], cutoff: int, verdict: float | None) -> dict[str, Any]:
     """One question's metrics at ``cutoff``; ``verdict`` is the judge's 0/1 for its final answer (None: unjudged)."""
     answered = answered_within(row, cutoff)
@@ -73,10 +85,11 @@ def question_metrics(row: dict[str, Any], cutoff: int, verdict: float | None) ->
     metrics["acc"] = None if verdict is None else (verdict if answered else 0.0)
     metrics["answered"] = float(answered)
     steps = steps_within(row, cutoff)
+    read = documents_read(row, cutoff)
     metrics["steps"] = min(row["num_steps"], cutoff)
     metrics["retrievals"] = sum(1 for step in steps if "query" in step)
-    metrics["docs"] = sum(len(step.get("documents") or ()) for step in steps)
-    metrics["retrieval"] = retrieval_scores(ranked_documents(steps), row.get("gold_ids") or ())
+    metrics["docs"] = sum(len(step.get("documents") or ()) for step in read)
+    metrics["retrieval"] = retrieval_scores(ranked_documents(read), row.get("gold_ids") or ())
     return metrics
 
 

@@ -7,8 +7,9 @@ The run folder ``out`` holds
 - ``predictions.jsonl``, append-only: per question its id (``DATASET/ID``), question, golden
   answers, gold passage ids, every step (analysis, query, documents with ids and titles), the
   final answer and its short form, the number of steps, retrievals and documents read;
-- ``runs.jsonl``, append-only: one line per invocation (questions done, failed, wall time,
-  questions/s, the share of wall time the model spent generating).
+- ``runs.jsonl``, append-only: per invocation, a line when it starts (the questions asked per
+  dataset, which scoring counts missing rows against) and one when it ends (done, failed, wall
+  time, the model's busy time).
 
 A killed run continues where it stopped: questions already in ``predictions.jsonl`` are skipped,
 and a question whose engine or retrieval call failed for good is not written, so the next run
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +50,7 @@ logger = logging.getLogger(__name__)
 FAILURES = (EngineError, RetrievalServiceError)
 PREDICTIONS = "predictions.jsonl"
 MANIFEST = "run.json"
+RUNS_LOG = "runs.jsonl"
 
 
 @dataclass(frozen=True)
@@ -131,14 +134,16 @@ def manifest(
     method: Method,
 ) -> dict[str, Any]:
     """``run.json``: everything that changes what a row means, and the labels reports use."""
+    settings = method.settings()
     return {
         "name": config.name or Path(config.out).name,
-        **method.settings(),
+        **settings,
         "retriever": retriever_label(config, retrieval, method),
+        "retrieval": {"url": retrieval.url, "config": retrieval.config} if method.retrieves else None,
         "model": engine.model,
         "engine": engine.kind,
         "chat_template": engine.chat_template if engine.kind != "openai" else "server",
-        "step_format": config.step_format,
+        "step_format": settings.get("step_format") or config.step_format,
         "naive_topk": config.naive_topk if config.method == "naive_rag" else None,
         "env": asdict(env),
         "generation": asdict(generation),
@@ -232,9 +237,12 @@ async def run_eval(
     questions = load_questions(dataset_paths(config.data), config.max_questions)
     done = existing_ids(predictions)
     todo = [q for q in questions if q.key not in done]
+    asked = Counter(q.dataset for q in questions)
     stats = RunStats(todo=len(todo), skipped=len(questions) - len(todo))
     if stats.skipped:
         logger.info("resuming: %d questions already in %s, %d to go", stats.skipped, predictions, len(todo))
+    with JsonlWriter(out / RUNS_LOG) as log:  # first, so a killed run still says what it was asked
+        log.write({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "event": "start", "questions": dict(asked)})
     if not todo:
         return stats
 
@@ -256,8 +264,8 @@ async def run_eval(
         stats.wall_s = time.perf_counter() - started
         if engine.busy_s is not None:
             stats.busy_s = engine.busy_s - (busy_before or 0.0)
-        with JsonlWriter(out / "runs.jsonl") as log:
-            log.write({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **asdict(stats)})
+        with JsonlWriter(out / RUNS_LOG) as log:
+            log.write({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "event": "end", **asdict(stats)})
         for resource in owned:
             await resource.aclose()
     return stats

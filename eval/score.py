@@ -29,7 +29,7 @@ import httpx
 from tqdm import tqdm
 
 from eval.metrics import aggregate, average, question_metrics
-from eval.run import PREDICTIONS, read_manifest
+from eval.run import PREDICTIONS, RUNS_LOG, read_manifest
 from r3_env.batching import Coalescer
 from r3_env.config import positive_ints
 from r3_env.data import JsonlWriter, iter_jsonl, write_jsonl
@@ -72,10 +72,34 @@ def _judge_key(row: dict[str, Any]) -> str:
     return json.dumps([row["id"], row["answer"]])
 
 
-async def judge_answers(rows: list[dict[str, Any]], judge: JudgeConfig, run: Path) -> dict[str, dict[str, Any]]:
-    """The judge's verdict on every answered question, from ``judgements.jsonl`` or asked now (and appended)."""
+async def judge_identity(url: str, cached: list[dict[str, Any]]) -> str:
+    """The judge the reward server runs, as its /health names it.
+
+    When the server does not answer, the judge of the cached verdicts (if they have one), so a
+    rescoring that needs no new verdict works offline; else the URL.
+    """
+    try:
+        async with httpx.AsyncClient(timeout=10) as client:
+            health = (await client.get(url.rstrip("/") + "/health")).json()
+        return str(health.get("judge") or url)
+    except (httpx.HTTPError, ValueError, AttributeError):
+        names = {entry.get("judge") for entry in cached}
+        return str(names.pop()) if len(names) == 1 else url
+
+
+async def judge_answers(
+    rows: list[dict[str, Any]], judge: JudgeConfig, run: Path
+) -> tuple[dict[str, dict[str, Any]], str, int]:
+    """(verdict per answered question, the judge's name, how many verdicts are fallbacks).
+
+    Verdicts come from ``judgements.jsonl`` when that judge gave them, else the judge is asked.
+    A fallback (the judge failed and the server answered for it) counts as wrong here but is
+    never cached, so the next scoring asks again.
+    """
     path = run / JUDGEMENTS
-    known = {_judge_key(row): row for _, row in iter_jsonl(path)} if path.exists() else {}
+    cached = [entry for _, entry in iter_jsonl(path)] if path.exists() else []
+    name = await judge_identity(judge.url, cached)
+    known = {_judge_key(entry): entry for entry in cached if entry.get("judge") == name}
     todo = [row for row in rows if row.get("answer") is not None and _judge_key(row) not in known]
     if todo:
         client = AsyncRewardClient(judge.url, timeout=judge.timeout_s, retries=judge.retries)
@@ -84,39 +108,55 @@ async def judge_answers(rows: list[dict[str, Any]], judge: JudgeConfig, run: Pat
 
         async def one(row: dict[str, Any], writer: JsonlWriter) -> None:
             verdict = await check_answer(row["question"], row["answer"], row["golden_answers"], batcher.submit)
-            entry = {"id": row["id"], "answer": row["answer"], "score": verdict.score}
+            entry = {"id": row["id"], "answer": row["answer"], "judge": name, "score": verdict.score}
             entry.update(method=verdict.method, fallback=verdict.fallback)
-            writer.write(entry)
+            if not verdict.fallback:
+                writer.write(entry)
             known[_judge_key(row)] = entry
             bar.update()
 
         try:
             with JsonlWriter(path) as writer:
-                await asyncio.gather(*(one(row, writer) for row in todo))
+                tasks = [asyncio.ensure_future(one(row, writer)) for row in todo]
+                try:
+                    await asyncio.gather(*tasks)
+                except BaseException:  # the judge failed for good: stop asking before the file closes
+                    for task in tasks:
+                        task.cancel()
+                    await asyncio.gather(*tasks, return_exceptions=True)
+                    raise
         finally:
             bar.close()
             await client.aclose()
-    return {row["id"]: known[_judge_key(row)] for row in rows if row.get("answer") is not None}
+    verdicts = {row["id"]: known[_judge_key(row)] for row in rows if row.get("answer") is not None}
+    return verdicts, name, sum(bool(entry["fallback"]) for entry in verdicts.values())
 
 
-def judge_name(url: str) -> str:
-    """The judge the reward server runs, as its /health names it (the URL if it does not answer)."""
-    try:
-        return str(httpx.get(url.rstrip("/") + "/health", timeout=10).json().get("judge") or url)
-    except (httpx.HTTPError, ValueError, AttributeError):
-        return url
+def _missing_row(dataset: str, index: int) -> dict[str, Any]:
+    """A question the run was asked but has no row for: no answer, no steps (so: wrong)."""
+    return {"id": f"{dataset}/<missing {index}>", "dataset": dataset, "answer": None, "prediction": "",
+            "golden_answers": [], "gold_ids": [], "steps": [], "num_steps": 0, "missing": True}  # fmt: skip
 
 
 def score_rows(
-    rows: list[dict[str, Any]], cutoffs: list[int], verdicts: dict[str, dict[str, Any]] | None, retrieves: bool = True
+    rows: list[dict[str, Any]],
+    cutoffs: list[int],
+    verdicts: dict[str, dict[str, Any]] | None,
+    retrieves: bool = True,
+    asked: dict[str, int] | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(the scores.json body, the per-question scores at the last cutoff).
 
     A method that retrieves nothing (direct CoT) gets no retrieval metrics rather than zeros.
+    ``asked``: questions per dataset the run was given; those without a row (they failed, or the
+    run has not finished) count as wrong, and each dataset says how many there were.
     """
     by_dataset: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         by_dataset[row["dataset"]].append(row)
+    missing = {name: max(0, count - len(by_dataset[name])) for name, count in (asked or {}).items()}
+    for name, count in missing.items():
+        by_dataset[name] += [_missing_row(name, i) for i in range(count)]
     final = cutoffs[-1]
     datasets: dict[str, Any] = {}
     per_question: list[dict[str, Any]] = []
@@ -134,10 +174,15 @@ def score_rows(
                 if not retrieves:
                     metric["retrieval"] = None
                 metrics.append(metric)
-                if cutoff == final:
+                if cutoff == final and not row.get("missing"):
                     per_question.append(_question_row(row, metric, verdicts))
             cells[str(cutoff)] = aggregate(metrics)
-        datasets[name] = {"questions": len(group), "by_cutoff": cells, "final": cells[str(final)]}
+        datasets[name] = {
+            "questions": len(group),
+            "missing": missing.get(name, 0),
+            "by_cutoff": cells,
+            "final": cells[str(final)],
+        }
     by_cutoff = {str(c): average([d["by_cutoff"][str(c)] for d in datasets.values()]) for c in cutoffs}
     body = {
         "cutoffs": cutoffs,
@@ -172,10 +217,21 @@ async def score_run(config: ScoreConfig, judge: JudgeConfig) -> dict[str, Any]:
     rows = read_predictions(run)
     if not rows:
         raise ValueError(f"{run / PREDICTIONS} is empty; let `r3rag eval run` finish at least one question")
-    cutoffs = config.cutoff_list(int(info["env"]["max_steps"]))
-    verdicts = await judge_answers(rows, judge, run) if judge.url else None
-    body, per_question = score_rows(rows, cutoffs, verdicts, retrieves=info.get("retriever") != "none")
-    scores = {"run": info, "judge": judge_name(judge.url) if judge.url else None, **body}
+    max_steps = int(info["env"]["max_steps"])
+    cutoffs = config.cutoff_list(max_steps)
+    if cutoffs[-1] > max_steps:
+        raise ValueError(f"cutoffs go up to {cutoffs[-1]} but the run allowed {max_steps} steps; rerun with more steps")
+    verdicts, name, fallbacks = await judge_answers(rows, judge, run) if judge.url else (None, None, 0)
+    if fallbacks:
+        logger.warning("%d verdicts are the judge's fallbacks (counted wrong, not cached): rescore to retry", fallbacks)
+    log = run / RUNS_LOG
+    starts = [entry["questions"] for _, entry in iter_jsonl(log) if "questions" in entry] if log.exists() else []
+    asked = starts[-1] if starts else None
+    body, per_question = score_rows(rows, cutoffs, verdicts, info.get("retriever") != "none", asked)
+    lost = sum(data["missing"] for data in body["datasets"].values())
+    if lost:
+        logger.warning("%d questions have no row (failed or not run yet): counted wrong; rerun the run to fill", lost)
+    scores = {"run": info, "judge": name, "judge_fallbacks": fallbacks, **body}
     (run / "scores.json").write_text(json.dumps(scores, indent=2) + "\n")
     write_jsonl(run / "question_scores.jsonl", per_question)
     return scores
@@ -200,6 +256,11 @@ def format_scores(scores: dict[str, Any]) -> str:
             f"{_pct(m['answered']):>10}{m['avg_steps']:>7.2f}{m['avg_docs']:>7.1f}{_pct(m['recall']):>8}"
             f"{_pct(m['full_recall']):>7}{_pct(m['map']):>7}"
         )
+    lost = sum(data.get("missing", 0) for data in scores["datasets"].values())
+    if lost:
+        lines.append(f"  {lost} questions have no row yet and count as wrong: rerun `r3rag eval run` to fill them")
+    if scores.get("judge_fallbacks"):
+        lines.append(f"  {scores['judge_fallbacks']} verdicts were the judge's fallbacks (counted wrong): rescore")
     curve = scores["average"]["by_cutoff"]
     metric = "acc" if scores["judge"] else "em"
     points = ", ".join(f"{c}: {_pct(curve[str(c)][metric])}" for c in scores["cutoffs"])

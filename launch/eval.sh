@@ -13,7 +13,7 @@
 #   DATA              FlashRAG dataset files, comma-separated [required]
 #   METHODS           comma-separated: r3 react direct naive_rag flashrag:ircot ... [r3]
 #   ENGINE            vllm (offline), hf, or openai with ENGINE_URL (a served policy) [vllm]
-#   OUT               the runs' parent folder; each method writes OUT/<method>-<retriever> [runs/eval]
+#   OUT               the runs' parent folder; each method writes OUT/<method>-<retriever label> [runs/eval]
 #   TOPK, MAX_STEPS   documents per step, step limit [5, 5]
 #   RETRIEVER_CONFIG  retriever.yaml to serve here      RETRIEVER_URL  a running retrieval service instead
 #   RETRIEVER_NAME    the retriever's label in the report [from the config, else "service"]
@@ -56,23 +56,37 @@ if [[ "$ENGINE" == "openai" && -z "${ENGINE_URL:-}" ]]; then
     exit 2
 fi
 
+# Each service runs in its own process group (setsid), so stopping it stops everything it started.
 services=()
 stop_services() {
     local pid
-    for pid in "${services[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in ${services[@]+"${services[@]}"}; do kill -- "-$pid" 2>/dev/null || true; done
 }
 trap stop_services EXIT
 
-wait_healthy() {  # URL NAME
+start_service() {  # URL NAME LOG COMMAND...: start it unless something already answers there, then wait for it
+    local url="$1" name="$2" log="$3"
+    shift 3
+    if curl -fsS "$url/health" >/dev/null 2>&1; then
+        echo "something already answers at $url: stop it, or pass its URL (RETRIEVER_URL / REWARD_URL)" >&2
+        exit 1
+    fi
+    setsid "$@" >"$log" 2>&1 &
+    local pid=$!
+    services+=("$pid")
     local deadline=$((SECONDS + WAIT_S))
-    until curl -fsS "$1/health" >/dev/null 2>&1; do
+    until curl -fsS "$url/health" >/dev/null 2>&1; do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            echo "$name exited before answering /health: see $log" >&2
+            exit 1
+        fi
         if (( SECONDS > deadline )); then
-            echo "$2 at $1 did not answer /health within $WAIT_S s (see $OUT/logs/)" >&2
+            echo "$name at $url did not answer /health within $WAIT_S s: see $log" >&2
             exit 1
         fi
         sleep 5
     done
-    echo "[eval] $2 is up at $1"
+    echo "[eval] $name is up at $url"
 }
 
 run() {
@@ -85,10 +99,8 @@ if [[ -z "${RETRIEVER_URL:-}" ]]; then
     if (( dry_run )); then
         CONFIG="$RETRIEVER_CONFIG" PORT="$RETRIEVER_PORT" R3RAG="$R3RAG" bash "$here/serve_retriever.sh" --dry-run
     else
-        CONFIG="$RETRIEVER_CONFIG" PORT="$RETRIEVER_PORT" R3RAG="$R3RAG" \
-            bash "$here/serve_retriever.sh" >"$OUT/logs/retriever.log" 2>&1 &
-        services+=("$!")
-        wait_healthy "$retriever_url" "the retriever"
+        start_service "$retriever_url" "the retriever" "$OUT/logs/retriever.log" \
+            env CONFIG="$RETRIEVER_CONFIG" PORT="$RETRIEVER_PORT" R3RAG="$R3RAG" bash "$here/serve_retriever.sh"
     fi
 fi
 reward_url="${REWARD_URL:-http://127.0.0.1:$REWARD_PORT}"
@@ -97,28 +109,26 @@ if [[ -z "${REWARD_URL:-}" ]]; then
         JUDGE_MODEL="$JUDGE_MODEL" JUDGE_TP="$JUDGE_TP" PORT="$REWARD_PORT" R3RAG="$R3RAG" \
             CUDA_VISIBLE_DEVICES="$JUDGE_DEVICES" bash "$here/serve_reward.sh" --dry-run
     else
-        JUDGE_MODEL="$JUDGE_MODEL" JUDGE_TP="$JUDGE_TP" PORT="$REWARD_PORT" R3RAG="$R3RAG" \
-            CUDA_VISIBLE_DEVICES="$JUDGE_DEVICES" bash "$here/serve_reward.sh" >"$OUT/logs/reward.log" 2>&1 &
-        services+=("$!")
-        wait_healthy "$reward_url" "the reward server"
+        start_service "$reward_url" "the reward server" "$OUT/logs/reward.log" \
+            env JUDGE_MODEL="$JUDGE_MODEL" JUDGE_TP="$JUDGE_TP" PORT="$REWARD_PORT" R3RAG="$R3RAG" \
+            CUDA_VISIBLE_DEVICES="$JUDGE_DEVICES" bash "$here/serve_reward.sh"
     fi
 fi
 
-retriever_flags=(--retrieval.url "$retriever_url")
-if [[ -n "${RETRIEVER_NAME:-}" ]]; then
-    retriever_flags+=(--retriever_name "$RETRIEVER_NAME")
-elif [[ -n "${RETRIEVER_CONFIG:-}" && -z "${RETRIEVER_URL:-}" ]]; then
-    retriever_flags+=(--retriever_name "$(basename "$RETRIEVER_CONFIG" .yaml)")
+label="${RETRIEVER_NAME:-}"
+if [[ -z "$label" && -n "${RETRIEVER_CONFIG:-}" && -z "${RETRIEVER_URL:-}" ]]; then
+    label="$(basename "$RETRIEVER_CONFIG" .yaml)"
 fi
+retriever_flags=(--retrieval.url "$retriever_url" --retriever_name "${label:-service}")
 engine_flags=(--engine.kind "$ENGINE" --engine.model "$POLICY")
 if [[ "$ENGINE" == "openai" ]]; then engine_flags+=(--engine.base_url "$ENGINE_URL"); fi
 
 IFS=',' read -r -a methods <<<"$METHODS"
 for method in "${methods[@]}"; do
-    run_dir="$OUT/${method//:/-}"
+    run_dir="$OUT/${method//:/-}-${label:-service}"
     run env CUDA_VISIBLE_DEVICES="$POLICY_DEVICES" "$R3RAG" eval run --data "$DATA" --out "$run_dir" \
         --method "$method" "${engine_flags[@]}" "${retriever_flags[@]}" \
-        --env.topk "$TOPK" --env.max_steps "$MAX_STEPS" "${extra[@]}"
+        --env.topk "$TOPK" --env.max_steps "$MAX_STEPS" ${extra[@]+"${extra[@]}"}
     run "$R3RAG" eval score --run "$run_dir" --judge.url "$reward_url"
 done
 run "$R3RAG" eval report "$OUT"

@@ -133,6 +133,7 @@ class RetrievalEnv:
 
     @property
     def num_docs(self) -> int:
+        """Documents shown to the policy (a last retrieval that ran out of steps is recorded, not shown)."""
         return self._shown
 
     async def step(self, action_text: str, closed: bool = True, turn_ended: bool | None = None) -> StepResult:
@@ -171,7 +172,8 @@ class RetrievalEnv:
         )
         self.steps.append(record)
         self.documents.append(kept)
-        if self.retrievals >= self.config.max_steps:  # out of steps: the documents are never shown
+        if self.retrievals >= self.config.max_steps:  # out of steps: the documents are never shown (nor read)
+            self._shown -= len(kept)
             self.done = True
             return StepResult(done=True, documents=tuple(kept))
         feedback = self.renderer.observation(kept, self.retrievals, action_closed=turn_ended)

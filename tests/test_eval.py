@@ -61,18 +61,23 @@ def _row(num_steps: int, answer: str | None, docs_per_step: list[list[str]], gol
             "prediction": answer or "", "steps": steps, "num_steps": num_steps}  # fmt: skip
 
 
-def test_step_cutoffs_drop_late_answers_and_late_documents():
+def test_step_cutoffs_drop_late_answers_and_unread_documents():
     row = _row(3, "Paris", [["g1", "x"], ["y", "g2"]])  # answers at step 3 after two retrievals
     late = question_metrics(row, 2, verdict=1.0)
     assert late["answered"] == 0.0 and late["em"] == 0.0 and late["acc"] == 0.0  # no answer within 2 steps
-    assert late["retrieval"] == pytest.approx({"recall": 1.0, "full_recall": 1.0, "ap": (1 / 1 + 2 / 4) / 2})
-    assert late["steps"] == 2 and late["retrievals"] == 2 and late["docs"] == 4
-    early = question_metrics(row, 1, verdict=1.0)
-    assert early["retrieval"] == pytest.approx({"recall": 0.5, "full_recall": 0.0, "ap": (1 / 1) / 2})
+    # with max_steps 2 the second query ends the episode: its documents are never read
+    assert late["retrieval"] == pytest.approx({"recall": 0.5, "full_recall": 0.0, "ap": (1 / 1) / 2})
+    assert late["steps"] == 2 and late["retrievals"] == 2 and late["docs"] == 2
+    first = question_metrics(row, 1, verdict=1.0)
+    assert first["retrieval"] == {"recall": 0.0, "full_recall": 0.0, "ap": 0.0} and first["docs"] == 0
     full = question_metrics(row, 5, verdict=1.0)
     assert full["answered"] == 1.0 and full["em"] == 1.0 and full["acc"] == 1.0 and full["steps"] == 3
+    assert full["retrieval"] == pytest.approx({"recall": 1.0, "full_recall": 1.0, "ap": (1 / 1 + 2 / 4) / 2})
+    assert full["docs"] == 4
     unjudged = question_metrics(row, 5, verdict=None)
     assert unjudged["acc"] is None
+    endless = _row(2, None, [["g1"], ["g2"]])  # ran out of steps at the second query
+    assert question_metrics(endless, 5, verdict=None)["retrieval"]["recall"] == 0.5
 
 
 def test_aggregate_and_average():
@@ -123,7 +128,8 @@ def test_run_and_score_a_scripted_policy(eval_world, eval_tiny, tmp_path):
     assert cell["by_cutoff"]["2"]["em"] == 0.0  # the right answer came at step 3
     assert cell["by_cutoff"]["2"]["answered"] == pytest.approx(1 / 3)  # only the wrong one answered by step 2
     assert cell["final"]["avg_steps"] == pytest.approx((3 + 2 + 4) / 3)
-    assert cell["final"]["avg_docs"] == pytest.approx((6 + 3 + 12) / 3)
+    assert cell["final"]["avg_docs"] == pytest.approx((6 + 3 + 9) / 3)  # the endless one's last 3 were never shown
+    assert rows[endless.question]["num_docs"] == 9
     per_question = {row["id"]: row for _, row in iter_jsonl(out / "question_scores.jsonl")}
     assert per_question[f"world/{right.id}"]["correct"] and not per_question[f"world/{wrong.id}"]["correct"]
 
@@ -212,12 +218,16 @@ def test_a_killed_run_resumes_without_duplicates_or_gaps(eval_world, eval_tiny, 
     process.wait()
     before = len(list(iter_jsonl(predictions)))
     assert 3 <= before < questions
+    partial = asyncio.run(score_run(ScoreConfig(run=str(out), cutoffs="1"), JudgeConfig()))
+    assert partial["datasets"]["world"]["missing"] == questions - before  # the killed run said what it was asked
+    assert partial["datasets"]["world"]["questions"] == questions
     finished = subprocess.run(
         _eval_command(eval_world, eval_tiny, out, questions), cwd=ROOT, capture_output=True, text=True
     )
     assert finished.returncode == 0, finished.stderr[-2000:]
     assert f"{before:,} already done" in finished.stdout
     ids = [row["id"] for _, row in iter_jsonl(predictions)]
+    assert asyncio.run(score_run(ScoreConfig(run=str(out)), JudgeConfig()))["datasets"]["world"]["missing"] == 0
     expected = [f"world/{item.id}" for item in eval_world["items"][:questions]]
     assert len(ids) == len(set(ids)) == questions and set(ids) == set(expected)
 

@@ -455,6 +455,7 @@ def test_react_format_round_trips_and_reads_react_style_outputs():
         "Thought: a\nAction: Search[]": FormatReason.EMPTY_QUERY,
         "Thought: a\nAction: Search[x]\nObservation: made up": FormatReason.TEXT_AFTER_QUERY,
         "Thought: a\nAction: Search[x]\nAction: Finish[y]": FormatReason.MULTIPLE_QUERIES,
+        "Thought: a\nAction: Search[a [b] c]": FormatReason.MISSING_ACTION,  # what render could not write back
     }
     for text, reason in cases.items():
         with pytest.raises(FormatError) as caught:
@@ -466,3 +467,4 @@ def test_react_format_round_trips_and_reads_react_style_outputs():
     assert react.find_question(react.render_question("Who  is\nthere?")) == "Who is there?"
     assert react.find_answer("...\nAction: Finish[Marie Curie]") == "Marie Curie"
     assert "Finish[" in react.answer_only_prompt(with_documents=True)
+    assert react.stop_strings() == ("\nObservation:",) and get_format("r3").stop_strings() == ()

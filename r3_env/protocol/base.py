@@ -98,6 +98,10 @@ class StepFormat(ABC):
     def system_prompt(self) -> str:
         """The instructions given to the policy as the system message."""
 
+    def stop_strings(self) -> tuple[str, ...]:
+        """Text that ends a step early when a model writes on past it (given to the engine as stop strings)."""
+        return ()
+
     @abstractmethod
     def answer_only_prompt(self, with_documents: bool) -> str:
         """Instructions for answering in one final step with no retrieval (the CoT and naive-RAG baselines)."""

@@ -27,7 +27,7 @@ from r3_env.protocol.base import (
 QUESTION = "Question: "
 _THOUGHT = re.compile(r"^\s*thought(?:\s*\d+)?\s*:\s*(.*)$", re.IGNORECASE)
 _ACTION = re.compile(r"^\s*action(?:\s*\d+)?\s*:\s*(.*)$", re.IGNORECASE)
-_CALL = re.compile(r"^(search|finish)\s*\[(.*)\]\s*$", re.IGNORECASE | re.DOTALL)
+_CALL = re.compile(r"^(search|finish)\s*\[([^\[\]]*)\]\s*$", re.IGNORECASE)  # no brackets inside: render agrees
 
 
 class ReActFormat(StepFormat):
@@ -47,6 +47,9 @@ class ReActFormat(StepFormat):
             "(a name, a date, a number or yes/no)."
         )
 
+    def stop_strings(self) -> tuple[str, ...]:
+        return ("\nObservation:",)  # ReAct-prompted models go on to imagine the observation
+
     def answer_only_prompt(self, with_documents: bool) -> str:
         source = "the documents below and your own knowledge" if with_documents else "your own knowledge"
         return (
@@ -61,8 +64,8 @@ class ReActFormat(StepFormat):
         if not step.analysis:
             raise ValueError("step.analysis is empty")
         action = step.query if step.query is not None else step.answer
-        if "\n" in action or "]" in action:
-            raise ValueError("a ReAct action argument must be one line without ']'")
+        if "\n" in action or "[" in action or "]" in action:
+            raise ValueError("a ReAct action argument must be one line without brackets")
         if any(_THOUGHT.match(line) or _ACTION.match(line) for line in step.analysis.split("\n")):
             raise ValueError("step.analysis has a line that reads as a Thought or Action label")
         verb = "Search" if step.query is not None else "Finish"
@@ -94,7 +97,10 @@ class ReActFormat(StepFormat):
             raise FormatError(FormatReason.TEXT_AFTER_QUERY, "text after the Action (Observations come from search)")
         call = _CALL.match(_ACTION.match(lines[action_at]).group(1).strip())
         if call is None:
-            raise FormatError(FormatReason.MISSING_ACTION, "the Action is neither Search[...] nor Finish[...]")
+            raise FormatError(
+                FormatReason.MISSING_ACTION,
+                "the Action is neither Search[...] nor Finish[...] (without inner brackets)",
+            )
         verb, argument = call.group(1).lower(), " ".join(call.group(2).split())
         if not argument:
             reason = FormatReason.EMPTY_QUERY if verb == "search" else FormatReason.EMPTY_ANSWER
