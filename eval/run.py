@@ -251,7 +251,12 @@ async def run_eval(
         retriever = retrieval.open()
         owned.append(retriever)
     if engine is None:
-        engine = make_engine(engine_config, generation, max_connections=config.concurrency)
+        try:
+            engine = make_engine(engine_config, generation, max_connections=config.concurrency)
+        except BaseException:  # the model did not load: release the retriever before the error goes up
+            for resource in owned:
+                await resource.aclose()
+            raise
         owned.append(engine)
     busy_before = engine.busy_s
     search = batched_search(retriever) if method.retrieves else _no_retriever

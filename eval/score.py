@@ -232,7 +232,9 @@ async def score_run(config: ScoreConfig, judge: JudgeConfig) -> dict[str, Any]:
     if lost:
         logger.warning("%d questions have no row (failed or not run yet): counted wrong; rerun the run to fill", lost)
     scores = {"run": info, "judge": name, "judge_fallbacks": fallbacks, **body}
-    (run / "scores.json").write_text(json.dumps(scores, indent=2) + "\n")
+    partial = run / "scores.json.tmp"  # written whole, then renamed: a kill never leaves half a file
+    partial.write_text(json.dumps(scores, indent=2) + "\n")
+    partial.replace(run / "scores.json")
     write_jsonl(run / "question_scores.jsonl", per_question)
     return scores
 
