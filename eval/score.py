@@ -17,7 +17,6 @@ without ``judge.url`` it is left empty rather than replaced by string match.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections import defaultdict
@@ -34,7 +33,7 @@ from r3_env.batching import Coalescer
 from r3_env.config import positive_ints
 from r3_env.data import JsonlWriter, iter_jsonl, write_jsonl
 from r3_env.reward_client import AsyncRewardClient, RewardServiceError, check_answer
-from r3_env.runs import JudgeConfig
+from r3_env.runs import JobCounts, JudgeConfig, run_jobs
 
 logger = logging.getLogger(__name__)
 
@@ -106,27 +105,20 @@ async def judge_answers(
         batcher = Coalescer(lambda items: client.correctness(items), 64, 0.005, "correctness", RewardServiceError)
         bar = tqdm(total=len(todo), desc="judging", unit=" answers", mininterval=1.0)
 
-        async def one(row: dict[str, Any], writer: JsonlWriter) -> None:
-            verdict = await check_answer(row["question"], row["answer"], row["golden_answers"], batcher.submit)
+        async def ask(row: dict[str, Any]) -> Any:
+            return await check_answer(row["question"], row["answer"], row["golden_answers"], batcher.submit)
+
+        def finish(row: dict[str, Any], verdict: Any) -> None:
             entry = {"id": row["id"], "answer": row["answer"], "judge": name, "score": verdict.score}
             entry.update(method=verdict.method, fallback=verdict.fallback)
             if not verdict.fallback:
                 writer.write(entry)
             known[_judge_key(row)] = entry
-            bar.update()
 
         try:
-            with JsonlWriter(path) as writer:
-                tasks = [asyncio.ensure_future(one(row, writer)) for row in todo]
-                try:
-                    await asyncio.gather(*tasks)
-                except BaseException:  # the judge failed for good: stop asking before the file closes
-                    for task in tasks:
-                        task.cancel()
-                    await asyncio.gather(*tasks, return_exceptions=True)
-                    raise
+            with JsonlWriter(path) as writer:  # a judge failing for good stops the others and is raised
+                await run_jobs(todo, ask, finish, (), JobCounts(), 256, 1, lambda row: row["id"], bar)
         finally:
-            bar.close()
             await client.aclose()
     verdicts = {row["id"]: known[_judge_key(row)] for row in rows if row.get("answer") is not None}
     return verdicts, name, sum(bool(entry["fallback"]) for entry in verdicts.values())

@@ -148,6 +148,15 @@ class Counts(Protocol):
     last_error: str
 
 
+@dataclass
+class JobCounts:
+    """Plain :class:`Counts` for callers with no run stats of their own."""
+
+    done: int = 0
+    failed: int = 0
+    last_error: str = ""
+
+
 async def run_jobs(
     jobs: Sequence[Job],
     work: Callable[[Job], Awaitable[Result]],

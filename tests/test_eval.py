@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, Script, ServiceProcess, answer_step, query_step, scripted_engine
+from conftest import ROOT, Script, ServiceProcess, answer_step, query_step, run_r3rag, scripted_engine
 
 from eval.engines import EngineConfig, GenerationConfig
 from eval.metrics import aggregate, answer_scores, average, question_metrics, retrieval_scores
@@ -253,11 +253,12 @@ def test_judge_acc_through_the_reward_server_is_cached(eval_world, eval_tiny, tm
     assert len(judged) == 2 and {row["method"] for row in judged} == {"match", "judge"}
     again = asyncio.run(score_run(ScoreConfig(run=str(out), cutoffs="1"), JudgeConfig(url=service.url)))  # down now
     assert again["datasets"]["world"]["final"]["acc"] == 0.5 and len(list(iter_jsonl(out / "judgements.jsonl"))) == 2
+    (out / "judgements.jsonl").unlink()  # nothing cached and the judge down: a clear failure, nothing written
+    result = run_r3rag("eval", "score", "--run", str(out), "--judge.url", service.url)
+    assert result.returncode == 1 and "the judge failed" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_bad_input_names_the_field(eval_world, tmp_path):
-    from conftest import run_r3rag
-
     result = run_r3rag("eval", "run", "--data", str(eval_world["dev"]), "--out", str(tmp_path / "x"))
     assert result.returncode == 2 and "engine.model is required" in result.stderr and "Traceback" not in result.stderr
     result = run_r3rag("eval", "score", "--run", str(tmp_path / "nothing"))
