@@ -18,10 +18,13 @@ retries it. The paper's protocol is the default: greedy, top-5, at most 5 steps.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -233,7 +236,37 @@ async def run_eval(
     out = Path(config.out)
     method = get_method(config.method)
     predictions = out / PREDICTIONS
-    check_manifest(out / MANIFEST, predictions, manifest(config, env, engine_config, generation, retrieval, method))
+    out.mkdir(parents=True, exist_ok=True)
+    with _only_writer(out):
+        check_manifest(out / MANIFEST, predictions, manifest(config, env, engine_config, generation, retrieval, method))
+        return await _evaluate(config, env, engine_config, generation, retrieval, method, engine, retriever)
+
+
+@contextlib.contextmanager
+def _only_writer(out: Path) -> Iterator[None]:
+    """Hold the run folder's lock: two runs appending to one predictions.jsonl would duplicate questions."""
+    with open(out / ".lock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(
+                f"another `r3rag eval run` is writing into {out}; wait for it, or choose another --out"
+            ) from None
+        yield
+
+
+async def _evaluate(
+    config: EvalRunConfig,
+    env: EnvConfig,
+    engine_config: EngineConfig,
+    generation: GenerationConfig,
+    retrieval: RetrievalSource,
+    method: Method,
+    engine: Engine | None,
+    retriever: Any,
+) -> RunStats:
+    out = Path(config.out)
+    predictions = out / PREDICTIONS
     questions = load_questions(dataset_paths(config.data), config.max_questions)
     done = existing_ids(predictions)
     todo = [q for q in questions if q.key not in done]

@@ -190,6 +190,12 @@ def test_rerun_with_other_settings_is_refused(eval_world, eval_tiny, tmp_path):
     config = EvalRunConfig(data=str(eval_world["dev"]), out=str(tmp_path / "r"), max_questions=1)
     env = EnvConfig(max_step_tokens=8)
     asyncio.run(run_eval(config, env, EngineConfig(model=str(eval_tiny)), GenerationConfig(), source, engine=engine))
+    import fcntl
+
+    with open(tmp_path / "r" / ".lock", "w") as held:  # as if another run were writing into the folder
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(ValueError, match=r"another `r3rag eval run` is writing into"):
+            asyncio.run(run_eval(config, env, EngineConfig(model=str(eval_tiny)), GenerationConfig(), source))
     with pytest.raises(ValueError, match=r"env.topk: 5 -> 3.*choose another --out"):
         asyncio.run(run_eval(config, EnvConfig(max_step_tokens=8, topk=3), EngineConfig(model=str(eval_tiny)),
                              GenerationConfig(), source, engine=engine))  # fmt: skip
