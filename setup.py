@@ -106,8 +106,12 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.10",
-    packages=find_packages(include=["r3_env", "r3_env.*", "reward_server", "reward_server.*", "eval", "eval.*"]),
+    packages=find_packages(
+        include=["r3_env", "r3_env.*", "reward_server", "reward_server.*", "eval", "eval.*", "demo", "demo.*"]
+    ),
     include_package_data=True,
+    # Import stand-ins put on sys.path (not packages of r3rag): see r3_env/train/openrlhf_cpu.py.
+    package_data={"r3_env.train": ["import_standins/*/*.py", "import_standins/*/*/*.py"]},
     install_requires=CORE,
     extras_require={"cpu": CPU, "gpu": GPU, "test": TEST},
     entry_points={
@@ -121,6 +125,8 @@ setup(
             "coldstart = r3_env.coldstart.cli:add_parser",
             "reward = reward_server.cli:add_parser",
             "eval = eval.cli:add_parser",
+            "train = r3_env.train.cli:add_parser",
+            "demo = demo.cli:add_parser",
         ],
     },
 )

@@ -42,6 +42,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     report.add_argument("dir", help="a folder of evaluation runs (or one run)")
     report.add_argument("--out", default="", help="where to write the report (default: DIR)")
+    report.add_argument("--training", default="", help="a `r3rag train local` run folder: add its training curves")
     report.set_defaults(func=run_report)
     add_config_command(
         actions,
@@ -96,7 +97,10 @@ def run_report(args: argparse.Namespace) -> int:
 
     from eval.report import write_report
 
-    paths = write_report(Path(args.dir), Path(args.out) if args.out else None)
+    training = Path(args.training) if args.training else None
+    if training is not None and not (training / "metrics.jsonl").is_file():
+        raise FileNotFoundError(f"--training {training} has no metrics.jsonl: give the --out of `r3rag train local`")
+    paths = write_report(Path(args.dir), Path(args.out) if args.out else None, training=training)
     for path in paths.values():
         print(path)
     return 0

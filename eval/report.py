@@ -281,31 +281,64 @@ def _y_scale(top_value: float) -> tuple[float, float]:
     return max(step, math.ceil(top_value / step - 1e-9) * step), step
 
 
-def svg_chart(series: list[tuple[str, str, list[list[float]]]], x_label: str, y_label: str) -> str:
-    """A line chart as inline SVG: axes, ticks and grid, one polyline with dots per (name, colour, points)."""
-    width, height, left, top, plot_w, plot_h = 600, 300, 52, 14, 532, 242
+def _value_scale(low: float, high: float) -> tuple[float, float, float]:
+    """(axis bottom, axis top, tick step) around [low, high] with 1-2-2.5-5 steps, about five ticks."""
+    if 0 <= low < 0.5 * high:  # values well above zero: show zero for scale
+        low = 0.0
+    if high <= low:
+        high = low + 1.0
+    span = high - low
+    magnitude = 10 ** math.floor(math.log10(span / 5))
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if span / (m * magnitude) <= 6)
+    return math.floor(low / step + 1e-9) * step, math.ceil(high / step - 1e-9) * step, step
+
+
+def _tick(value: float, step: float) -> str:
+    """A tick label with as many decimals as the step needs (2.5-steps one more)."""
+    exponent = math.floor(math.log10(step) + 1e-9)
+    decimals = max(0, -exponent) + (1 if round(step / 10**exponent, 1) == 2.5 else 0)
+    return f"{value:.{decimals}f}"
+
+
+def svg_chart(
+    series: list[tuple[str, str, list[list[float]]]], x_label: str, y_label: str, percent: bool = True
+) -> str:
+    """A line chart as inline SVG: axes, ticks and grid, one polyline with dots per (name, colour, points).
+
+    ``percent``: values are shares in [0, 1] drawn in % from zero; otherwise the axis spans the values.
+    """
+    width, height, left, top, plot_w, plot_h = 600, 300, 64, 14, 520, 242  # room for tick labels like 0.0125
     points = [(x, y) for _, _, values in series for x, y in values if y is not None]
     if not points:
         return '<p class="empty">No data for this plot.</p>'
     xs = sorted({x for x, _ in points})
-    y_top, y_step = _y_scale(max(y for _, y in points))
+    if percent:
+        y_top, y_step = _y_scale(max(y for _, y in points))
+        y_bottom, scale = 0.0, 100.0
+    else:
+        y_bottom, y_top, y_step = _value_scale(min(y for _, y in points), max(y for _, y in points))
+        scale = 1.0
     x_min, x_span = xs[0], (xs[-1] - xs[0]) or 1
+    y_span = (y_top - y_bottom) or 1.0
 
     def px(x: float) -> float:
         return left + 12 + (x - x_min) / x_span * (plot_w - 24)
 
     def py(y: float) -> float:
-        return top + plot_h - y / y_top * plot_h
+        return top + plot_h - (y - y_bottom) / y_span * plot_h
 
     bottom = top + plot_h
     parts = [f'<svg viewBox="0 0 {width} {height}" role="img" class="chart" aria-label="{_e(y_label)}">']
-    for i in range(round(y_top / y_step) + 1):
-        y = py(i * y_step)
+    for i in range(round(y_span / y_step) + 1):
+        value = y_bottom + i * y_step
+        y = py(value)
+        label = f"{100 * value:.0f}" if percent else _tick(value, y_step)
         parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" class="grid"/>')
-        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{100 * i * y_step:.0f}</text>')
+        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{label}</text>')
     parts.append(f'<line x1="{left}" y1="{bottom}" x2="{left + plot_w}" y2="{bottom}" class="axis"/>')
     parts.append(f'<line x1="{left}" y1="{top}" x2="{left}" y2="{bottom}" class="axis"/>')
-    for x in xs:
+    every = max(1, math.ceil(len(xs) / 20))  # at most about 20 x labels
+    for x in xs[::every]:
         parts.append(f'<line x1="{px(x):.1f}" y1="{bottom}" x2="{px(x):.1f}" y2="{bottom + 4}" class="axis"/>')
         parts.append(f'<text x="{px(x):.1f}" y="{bottom + 17}" text-anchor="middle">{x:g}</text>')
     parts.append(
@@ -313,15 +346,17 @@ def svg_chart(series: list[tuple[str, str, list[list[float]]]], x_label: str, y_
         f'<text transform="translate(14 {top + plot_h / 2}) rotate(-90)" text-anchor="middle" class="axis-label">'
         f"{_e(y_label)}</text>"
     )
+    dots = max(len(values) for _, _, values in series) <= 60  # long curves (SFT steps): lines only
     for name, color, values in series:
         kept = [(x, y) for x, y in values if y is not None]
         line = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in kept)
         parts.append(f'<polyline points="{line}" fill="none" stroke="{color}" stroke-width="2"/>')
-        parts += [
-            f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3.5" fill="{color}">'
-            f"<title>{_e(name)}: {x:g} → {100 * y:.1f}</title></circle>"
-            for x, y in kept
-        ]
+        if dots:
+            parts += [
+                f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3.5" fill="{color}">'
+                f"<title>{_e(name)}: {x:g} → {scale * y:.4g}</title></circle>"
+                for x, y in kept
+            ]
     parts.append("</svg>")
     return "".join(parts)
 
@@ -441,8 +476,8 @@ def _trajectory_section(runs: list[Run], max_questions_per_run: int) -> str:
     )
 
 
-def render_html(tables: dict[str, Any], runs: list[Run], max_questions_per_run: int = 2000) -> str:
-    """The self-contained page: tables, the two sweep plots and the trajectory browser."""
+def render_html(tables: dict[str, Any], runs: list[Run], max_questions_per_run: int = 2000, training: str = "") -> str:
+    """The self-contained page: tables, the two sweep plots, the training curves (when given), the trajectories."""
     datasets, metric = tables["datasets"], tables["metric"].upper()
     why = "every run was judged" if metric == "ACC" else "not every run was judged, so EM"
     sections = [
@@ -471,6 +506,7 @@ def render_html(tables: dict[str, Any], runs: list[Run], max_questions_per_run: 
             "No runs that differ only in top-k (see <code>r3rag eval sweep</code>).</p></figure>"
         )
     sections.append("</div>")
+    sections.append(training)
     sections.append(_trajectory_section(runs, max_questions_per_run))
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
@@ -479,15 +515,25 @@ def render_html(tables: dict[str, Any], runs: list[Run], max_questions_per_run: 
     )
 
 
-def write_report(root: Path, out: Path | None = None, max_questions_per_run: int = 2000) -> dict[str, Path]:
-    """Write report.md, report.json and report.html for the scored runs under ``root`` into ``out`` (default root)."""
+def write_report(
+    root: Path, out: Path | None = None, max_questions_per_run: int = 2000, training: Path | None = None
+) -> dict[str, Path]:
+    """Write report.md, report.json and report.html for the scored runs under ``root`` into ``out`` (default root).
+
+    ``training``: a ``r3rag train local`` run folder whose curves the report shows too.
+    """
+    from eval.report_training import training_charts, training_html, training_markdown
+
     runs = find_runs(root)
     out = out or root
     out.mkdir(parents=True, exist_ok=True)
     tables = build_tables(runs)
+    charts = training_charts(training) if training else []
+    if charts:
+        tables["training"] = charts
     paths = {"md": out / "report.md", "json": out / "report.json", "html": out / "report.html"}
-    paths["md"].write_text(render_markdown(tables))
+    paths["md"].write_text(render_markdown(tables) + "\n".join(training_markdown(charts)) + ("\n" if charts else ""))
     paths["json"].write_text(json.dumps(tables, indent=2) + "\n")
-    paths["html"].write_text(render_html(tables, runs, max_questions_per_run))
+    paths["html"].write_text(render_html(tables, runs, max_questions_per_run, training_html(charts)))
     logger.info("report over %d runs: %s", len(runs), ", ".join(str(p) for p in paths.values()))
     return paths

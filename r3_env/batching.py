@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
@@ -43,6 +44,7 @@ class Coalescer(Generic[Item, Result]):
         self._tasks: set[asyncio.Task] = set()
         self.calls = 0
         self.items = 0
+        self.busy_s = 0.0  # summed duration of the batched calls (the trainer splits its time with it)
 
     async def submit(self, item: Item) -> Result:
         loop = asyncio.get_running_loop()
@@ -67,15 +69,18 @@ class Coalescer(Generic[Item, Result]):
     async def _send(self, batch: list[tuple[Item, asyncio.Future]]) -> None:
         self.calls += 1
         self.items += len(batch)
+        started = time.perf_counter()
         try:
             results = await self.call([item for item, _ in batch])
             if len(results) != len(batch):
                 raise self.error(f"{self.name}: {len(results)} results for {len(batch)} items")
         except Exception as error:  # every waiter gets the failure; none is left hanging
+            self.busy_s += time.perf_counter() - started
             for _, future in batch:
                 if not future.done():
                     future.set_exception(error)
             return
+        self.busy_s += time.perf_counter() - started
         for (_, future), result in zip(batch, results, strict=True):
             if not future.done():
                 future.set_result(result)

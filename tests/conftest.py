@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from demo.services import ServiceProcess, free_port  # noqa: F401  (tests start services as the demo does)
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("R3RAG_SHARED_DATA", ROOT.parent / "shared" / "data"))
 SHARED_DATASETS = ("hotpotqa", "2wikimultihopqa", "musique")
@@ -196,77 +198,6 @@ def chat_tokenizers(bpe_backend, smollm2_tokenizer):
 
 
 # -- real services on free ports ---------------------------------------------------------------------
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class ServiceProcess:
-    """An r3rag service started as its own process (``r3rag ARGS --service.port PORT``), stopped on exit.
-
-    ``script``: run this Python file with ``--port PORT`` instead (the stand-in judge).
-    """
-
-    def __init__(
-        self, args: list[str], port: int | None = None, timeout: float = 120.0, script: str | None = None
-    ) -> None:
-        import sys
-
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        if script:
-            self.command = [sys.executable, script, *args, "--port", str(self.port)]
-        else:
-            self.command = [sys.executable, "-m", "r3_env.cli", *args, "--service.port", str(self.port)]
-        self.timeout = timeout
-        self.process = None
-
-    def start(self) -> ServiceProcess:
-        import subprocess
-        import time
-
-        import httpx
-
-        self.log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"r3rag-service-{self.port}.log", "w")
-        self.process = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + self.timeout
-        while time.time() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"service exited with {self.process.returncode}: {self.read_log()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"service did not become healthy in {self.timeout} s: {self.read_log()}")
-
-    def read_log(self) -> str:
-        self.log.flush()
-        return Path(self.log.name).read_text()[-3000:]
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except Exception:
-                self.process.kill()
-                self.process.wait()
-        if hasattr(self, "log"):
-            self.log.close()
-
-    def __enter__(self) -> ServiceProcess:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def minilm_path() -> str:

@@ -1,7 +1,7 @@
 """r3rag's OpenRLHF plugin with OpenRLHF's own classes: loading, execute, samples, per-step rewards, launch.
 
 OpenRLHF's trainer modules import vllm and flash_attn, which cannot install in the main CPU env;
-``tests/standins`` provides their import surface (see its README). Everything else is real:
+``r3_env.train.openrlhf_cpu`` provides their import surface. Everything else is real:
 OpenRLHF's agent loader, its ``SamplesGenerator`` and ``RemoteExperienceMaker`` (subclassed by
 the plugin), its argument parser (run on launch/ppo_r3.sh's flags), and a Ray worker running the
 plugin's setup hook.
@@ -31,9 +31,10 @@ from conftest import (
     save_tiny_causal_lm,
 )
 
-STANDINS = str(ROOT / "tests" / "standins")
-if STANDINS not in sys.path:
-    sys.path.insert(0, STANDINS)
+from r3_env.train import openrlhf_cpu
+
+openrlhf_cpu.enable()
+STANDINS = str(openrlhf_cpu.STANDINS)
 
 import r3_env.openrlhf as plugin  # noqa: E402
 from r3_env.hf_engine import HFEngine, SamplingParams  # noqa: E402
@@ -362,3 +363,33 @@ def test_runtime_env_leaves_what_the_job_sets_to_the_job(monkeypatch):
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(job))
     with pytest.raises(RuntimeError, match="r3_env.openrlhf.step_rewards.install"):
         runtime_env()
+
+
+def test_local_trainer_reads_the_settings_openrlhfs_parser_gives(monkeypatch):
+    """Every field the local trainer hands OpenRLHF's experience code equals what OpenRLHF's own parser makes."""
+    from r3_env.train.config import PPOConfig
+    from r3_env.train.ppo import openrlhf_args as local_args
+
+    ppo = PPOConfig(
+        n_samples_per_prompt=4, micro_batch_size=2, gamma=0.99, lambd=0.9, init_kl_coef=0.02, kl_estimator="k3",
+        reward_clip=5.0, max_len=2048,
+    )  # fmt: skip
+    flags, _ = launch_flags("ppo_r3.sh")
+    flags += [
+        "--algo.advantage.gamma", "0.99", "--algo.advantage.lambd", "0.9", "--rollout.n_samples_per_prompt", "4",
+        "--rollout.micro_batch_size", "2", "--algo.kl.init_coef", "0.02", "--algo.kl.estimator", "k3",
+        "--reward.clip_range", "-5", "5", "--data.max_len", "2048",
+    ]  # fmt: skip
+    parsed = openrlhf_args(flags, monkeypatch)
+
+    def compare(ours, theirs, where):
+        for name, value in vars(ours).items():
+            if hasattr(value, "__dict__"):
+                compare(value, getattr(theirs, name), f"{where}.{name}")
+            else:
+                expected = getattr(theirs, name)
+                assert (list(value) if isinstance(value, tuple) else value) == (
+                    list(expected) if isinstance(expected, tuple) else expected
+                ), f"{where}.{name}"
+
+    compare(local_args(ppo, "step"), parsed, "args")

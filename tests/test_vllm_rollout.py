@@ -1,6 +1,6 @@
 """Slow: one multi-turn rollout batch through OpenRLHF's own vLLM rollout actor (vLLM's CPU build).
 
-vLLM cannot share the main env (see tests/standins/README.md), so the rollout side runs in
+vLLM cannot share the main env (see r3_env/train/openrlhf_cpu.py), so the rollout side runs in
 .venv-vllm (``bash scripts/setup_vllm.sh``, part of the README's test command) while the
 retrieval service and the reward server run from this env on real ports.
 """

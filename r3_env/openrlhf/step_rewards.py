@@ -133,18 +133,24 @@ _TRAINER_MODULES = (
 )
 
 
+def experience_classes() -> tuple[type, type]:
+    """The sample generator and experience maker subclasses (made on first use; imports OpenRLHF's trainer)."""
+    global StepRewardSamplesGenerator, StepRewardExperienceMaker
+    if StepRewardSamplesGenerator is None:
+        StepRewardSamplesGenerator, StepRewardExperienceMaker = _classes()
+    return StepRewardSamplesGenerator, StepRewardExperienceMaker
+
+
 def _patch(module: types.ModuleType) -> None:
     """Register the extension in one of OpenRLHF's trainer modules (just imported, or already there)."""
-    global StepRewardSamplesGenerator, StepRewardExperienceMaker
     name = module.__name__
     if name == "openrlhf.trainer.ppo_utils.experience_maker":
         module.compute_reward = compute_reward_with_steps
         return
-    if StepRewardSamplesGenerator is None:
-        StepRewardSamplesGenerator, StepRewardExperienceMaker = _classes()
-    module.SamplesGenerator = StepRewardSamplesGenerator
+    generator, maker = experience_classes()
+    module.SamplesGenerator = generator
     if name == "openrlhf.trainer.ppo_trainer":
-        module.RemoteExperienceMaker = StepRewardExperienceMaker
+        module.RemoteExperienceMaker = maker
     logger.info("r3rag: per-step rewards registered in %s (OpenRLHF %s)", name, OPENRLHF_VERSION)
 
 

@@ -1,4 +1,4 @@
-"""Test stand-in: flash_attn.utils.distributed.all_gather over torch.distributed."""
+"""Stand-in: flash_attn.utils.distributed.all_gather over torch.distributed."""
 
 import torch
 import torch.distributed as dist

@@ -1,4 +1,4 @@
-"""Test stand-in: vllm.utils.random_uuid."""
+"""Stand-in: vllm.utils.random_uuid."""
 
 import uuid
 

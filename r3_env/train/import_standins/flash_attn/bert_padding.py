@@ -1,4 +1,4 @@
-"""Pure-torch versions of the flash_attn.bert_padding helpers OpenRLHF imports (test stand-in)."""
+"""Pure-torch versions of the flash_attn.bert_padding helpers OpenRLHF imports (no CUDA needed)."""
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +18,6 @@ def unpad_input(hidden_states: torch.Tensor, attention_mask: torch.Tensor, unuse
 
 
 def pad_input(hidden_states: torch.Tensor, indices: torch.Tensor, batch: int, seqlen: int) -> torch.Tensor:
-    output = torch.zeros(batch * seqlen, *hidden_states.shape[1:], dtype=hidden_states.dtype)
+    output = hidden_states.new_zeros(batch * seqlen, *hidden_states.shape[1:])
     output[indices] = hidden_states
     return output.reshape(batch, seqlen, *hidden_states.shape[1:])

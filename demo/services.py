@@ -1,0 +1,88 @@
+"""Local service processes: an ``r3rag`` service started on a free port, waited for, and stopped.
+
+The demo runs the retrieval service and the reward server exactly as a user would (``r3rag
+retriever serve``, ``r3rag reward serve``), each as its own process with its log in a file; the
+tests start theirs with the same class.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServiceProcess:
+    """``r3rag ARGS --service.port PORT`` as a child process, healthy on entry and stopped on exit.
+
+    ``script``: run this Python file with ``--port PORT`` instead (a stand-in service in tests).
+    ``log``: where its output goes (default: ``$TMPDIR/r3rag-service-PORT.log``).
+    """
+
+    def __init__(
+        self,
+        args: list[str],
+        port: int | None = None,
+        timeout: float = 120.0,
+        script: str | None = None,
+        log: Path | None = None,
+    ) -> None:
+        import tempfile
+
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        if script:
+            self.command = [sys.executable, script, *args, "--port", str(self.port)]
+        else:
+            self.command = [sys.executable, "-m", "r3_env.cli", *args, "--service.port", str(self.port)]
+        self.timeout = timeout
+        self.log_path = Path(log) if log else Path(tempfile.gettempdir()) / f"r3rag-service-{self.port}.log"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> ServiceProcess:
+        import httpx
+
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "w")
+        self.process = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.time() + self.timeout
+        while time.time() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"service exited with {self.process.returncode}: {self.read_log()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"service did not become healthy in {self.timeout} s: {self.read_log()}")
+
+    def read_log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text()[-3000:]
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if hasattr(self, "_log"):
+            self._log.close()
+
+    def __enter__(self) -> ServiceProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

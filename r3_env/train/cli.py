@@ -1,0 +1,63 @@
+"""``r3rag train local | model``: the single-machine trainer and the demo's model factory."""
+
+from __future__ import annotations
+
+import argparse
+
+from r3_env.config import add_config_command, add_dataclass_arguments, build_config, configs_from_args
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    from r3_env.train.config import SECTIONS
+
+    actions = subparsers.add_parser(
+        "train", help="train on one machine (CPU or one GPU): cold-start SFT then PPO; build the demo's model"
+    ).add_subparsers(dest="train_command", metavar="ACTION", required=True)
+    add_config_command(
+        actions,
+        "local",
+        SECTIONS,
+        run_local,
+        help="cold-start SFT, then PPO with a critic and GAE, on this machine (resumable)",
+        description="SFT on --sft.data (r3rag coldstart sft-data), then PPO on --ppo.prompts with the agent's "
+        "env:/reward:/services:/policy: sections (the retrieval and reward services must be running). Writes "
+        "config.json, metrics.jsonl, tensorboard/, sft/policy and ppo/policy into --out; rerun to resume.",
+    )
+    from r3_env.train.model_factory import TinyModelConfig
+
+    model = actions.add_parser(
+        "model",
+        help="build the demo's policy: a BPE tokenizer trained on a world and a random Qwen2",
+        description="Writes an HF model folder (tokenizer with a ChatML template, random Qwen2 weights) to --out.",
+    )
+    model.add_argument("--world", default="runs/world", help="world folder (r3rag world --out)")
+    model.add_argument("--out", default="runs/policy0", help="model folder to write")
+    model.add_argument("--overwrite", action="store_true", help="replace a model built with other settings")
+    add_dataclass_arguments(model, TinyModelConfig)
+    model.set_defaults(func=run_model)
+
+
+def run_local(args: argparse.Namespace) -> int:
+    import logging
+
+    from r3_env.train.config import SECTIONS
+    from r3_env.train.local import LocalTrainConfig, train_local
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    config = LocalTrainConfig.from_sections(*configs_from_args(args, SECTIONS))
+    results = train_local(config)
+    for stage, folder in results.items():
+        print(f"{stage} policy: {folder}")
+    print(f"metrics: {config.run.out}/metrics.jsonl (tensorboard --logdir {config.run.out}/tensorboard)")
+    return 0
+
+
+def run_model(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from r3_env.train.model_factory import TinyModelConfig, build_tiny_policy
+
+    config = build_config(TinyModelConfig, args, where="invalid option")
+    folder = build_tiny_policy(Path(args.world), Path(args.out), config, overwrite=args.overwrite)
+    print(f"tiny policy: {folder}")
+    return 0

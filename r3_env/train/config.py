@@ -1,0 +1,123 @@
+"""The local trainer's settings: one YAML file (or dotted flags) with the agent's sections beside its own.
+
+``env:``, ``reward:``, ``services:`` and ``policy:`` are the agent's sections
+(:class:`r3_env.rollout.RolloutConfig`, the same file ``launch/ppo_r3.sh`` gives the cluster run),
+so a recipe's environment and reward are written once. ``model:``, ``sft:`` and ``ppo:`` are the
+trainer's; their names and defaults follow OpenRLHF's flags where one exists (noted per field).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from r3_env.rollout import SECTIONS as ROLLOUT_SECTIONS
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    out: str = field(default="runs/train", metadata={"help": "run folder: checkpoints, metrics, final policies"})
+    seed: int = field(default=0, metadata={"help": "seed for sampling, shuffling and initialisation"})
+    device: Literal["auto", "cpu", "cuda"] = field(default="auto", metadata={"help": "auto: cuda when available"})
+    threads: int = field(default=0, metadata={"help": "torch CPU threads (0: torch's default)"})
+    save_every: int = field(default=5, metadata={"help": "PPO iterations between checkpoints (the last is kept)"})
+
+    def __post_init__(self) -> None:
+        if self.threads < 0 or self.save_every < 1:
+            raise ValueError("threads must be 0 or more and save_every at least 1")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    policy: str = field(
+        default="", metadata={"help": "policy: an HF folder or hub name (r3rag train model builds one)"}
+    )
+    critic: str = field(
+        default="", metadata={"help": "critic's initial weights (default: the policy's, new value head)"}
+    )
+    dtype: Literal["fp32", "bf16"] = field(default="fp32", metadata={"help": "parameter dtype (fp32 on CPU)"})
+    attn_implementation: str = field(default="sdpa", metadata={"help": "sdpa, eager or flash_attention_2 (GPU)"})
+    gradient_checkpointing: bool = field(default=False, metadata={"help": "trade compute for memory (large models)"})
+
+    def __post_init__(self) -> None:
+        if not self.policy:
+            raise ValueError("model.policy is required: an HF model folder or hub name (r3rag train model makes one)")
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    data: str = field(default="", metadata={"help": "SFT .jsonl from r3rag coldstart sft-data (transcript form)"})
+    epochs: int = field(default=3, metadata={"help": "passes over the data (OpenRLHF: --train.max_epochs)"})
+    lr: float = field(default=5e-4, metadata={"help": "peak learning rate (OpenRLHF: --adam.lr)"})
+    batch_size: int = field(default=8, metadata={"help": "examples per optimizer step"})
+    micro_batch_size: int = field(default=8, metadata={"help": "examples per forward pass (gradients accumulate)"})
+    max_len: int = field(default=4096, metadata={"help": "tokens per example; longer ones are truncated"})
+    lr_warmup_ratio: float = field(default=0.03, metadata={"help": "warm-up share of the steps (cosine_with_min_lr)"})
+    min_lr_ratio: float = field(default=0.1, metadata={"help": "final learning rate as a share of the peak"})
+    max_norm: float = field(default=1.0, metadata={"help": "gradient clipping norm"})
+
+    def __post_init__(self) -> None:
+        if min(self.epochs, self.batch_size, self.micro_batch_size, self.max_len) < 1 or self.lr <= 0:
+            raise ValueError("sft epochs, batch sizes and max_len must be at least 1, and lr positive")
+        if self.batch_size % self.micro_batch_size:
+            raise ValueError(f"sft.batch_size ({self.batch_size}) must divide by micro_batch_size")
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    prompts: str = field(default="", metadata={"help": "FlashRAG dataset .jsonl of training questions"})
+    iterations: int = field(default=10, metadata={"help": "rollout-then-update iterations"})
+    rollout_batch_size: int = field(default=16, metadata={"help": "questions per iteration (--rollout.batch_size)"})
+    n_samples_per_prompt: int = field(default=2, metadata={"help": "episodes per question"})
+    micro_batch_size: int = field(default=8, metadata={"help": "episodes per forward pass"})
+    train_batch_size: int = field(default=32, metadata={"help": "episodes per optimizer step (--train.batch_size)"})
+    max_epochs: int = field(default=1, metadata={"help": "passes over each iteration's episodes"})
+    actor_lr: float = field(default=2e-5, metadata={"help": "policy learning rate (--actor.adam.lr)"})
+    critic_lr: float = field(default=1e-4, metadata={"help": "critic learning rate (--critic.adam.lr)"})
+    estimator: Literal["gae", "reinforce"] = field(
+        default="gae", metadata={"help": "advantages: gae (critic, the paper's PPO) or reinforce (no critic)"}
+    )
+    gamma: float = field(default=1.0, metadata={"help": "discount (--algo.advantage.gamma)"})
+    lambd: float = field(default=0.95, metadata={"help": "GAE lambda (--algo.advantage.lambd)"})
+    init_kl_coef: float = field(default=0.01, metadata={"help": "KL penalty in the reward (--algo.kl.init_coef)"})
+    kl_target: float = field(default=0.0, metadata={"help": "adaptive KL target; 0 keeps the coefficient fixed"})
+    kl_horizon: int = field(default=10000, metadata={"help": "adaptive KL horizon (--algo.kl.horizon)"})
+    kl_estimator: Literal["k1", "k2", "k3"] = field(default="k1", metadata={"help": "--algo.kl.estimator"})
+    eps_clip: float = field(default=0.2, metadata={"help": "PPO ratio clip (--actor.eps_clip)"})
+    value_clip: float = field(default=0.5, metadata={"help": "value clip (--critic.value_clip)"})
+    reward_clip: float = field(
+        default=10.0, metadata={"help": "episode rewards clipped to +-this (--reward.clip_range)"}
+    )
+    critic_warmup: int = field(
+        default=0, metadata={"help": "iterations that train the critic only (--critic.freezing_steps)"}
+    )
+    entropy_coef: float = field(default=0.0, metadata={"help": "entropy bonus (0: logged only; --actor.entropy_coef)"})
+    max_norm: float = field(default=1.0, metadata={"help": "gradient clipping norm"})
+    temperature: float = field(default=1.0, metadata={"help": "rollout sampling temperature"})
+    top_p: float = field(default=1.0, metadata={"help": "rollout nucleus sampling"})
+    max_len: int = field(default=4096, metadata={"help": "tokens per episode (--data.max_len)"})
+    generate_batch: int = field(default=64, metadata={"help": "requests per HF generate call"})
+
+    def __post_init__(self) -> None:
+        sizes = (self.iterations, self.rollout_batch_size, self.n_samples_per_prompt, self.micro_batch_size)
+        if min(*sizes, self.train_batch_size, self.max_epochs, self.max_len, self.generate_batch) < 1:
+            raise ValueError("ppo iterations, batch sizes, max_epochs, max_len and generate_batch must be at least 1")
+        if self.train_batch_size % self.micro_batch_size:
+            raise ValueError(f"ppo.train_batch_size ({self.train_batch_size}) must divide by micro_batch_size")
+        if self.actor_lr <= 0 or self.critic_lr <= 0 or self.reward_clip <= 0 or self.temperature <= 0:
+            raise ValueError("ppo learning rates, reward_clip and temperature must be positive")
+        if not 0 <= self.gamma <= 1 or not 0 <= self.lambd <= 1:
+            raise ValueError("ppo gamma and lambd must lie in [0, 1]")
+
+    @property
+    def episodes(self) -> int:
+        return self.rollout_batch_size * self.n_samples_per_prompt
+
+
+SECTIONS = [
+    ("", RunConfig),
+    ("model.", ModelConfig),
+    ("sft.", SFTConfig),
+    ("ppo.", PPOConfig),
+    *((f"{name}.", section) for name, section in ROLLOUT_SECTIONS.items()),
+]

@@ -1,0 +1,3 @@
+"""Stand-in: vllm.inputs.TokensPrompt."""
+
+TokensPrompt = dict

@@ -1,0 +1,115 @@
+"""``r3rag train local``: cold-start SFT, then PPO, on one machine, into one run folder.
+
+The run folder holds ``config.json`` (the resolved settings; a rerun with other settings is
+refused, so a resumed run is the run it claims to be), ``metrics.jsonl`` and ``tensorboard/``,
+``sft/`` and ``ppo/`` with their checkpoints and final policies. SFT runs when ``sft.data`` is
+set; PPO runs when ``ppo.prompts`` is set, from the SFT policy when there is one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from r3_env.config import ConfigError
+from r3_env.rollout import RolloutConfig
+from r3_env.train.config import ModelConfig, PPOConfig, RunConfig, SFTConfig
+from r3_env.train.metrics import MetricsLog
+
+logger = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.json"
+
+
+@dataclass(frozen=True)
+class LocalTrainConfig:
+    run: RunConfig
+    model: ModelConfig
+    sft: SFTConfig
+    ppo: PPOConfig
+    rollout: RolloutConfig
+
+    @classmethod
+    def from_sections(cls, run, model, sft, ppo, env, reward, services, policy) -> LocalTrainConfig:
+        return cls(run, model, sft, ppo, RolloutConfig(env, reward, services, policy))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run": dataclasses.asdict(self.run),
+            "model": dataclasses.asdict(self.model),
+            "sft": dataclasses.asdict(self.sft),
+            "ppo": dataclasses.asdict(self.ppo),
+            **dataclasses.asdict(self.rollout),
+        }
+
+
+def _changed(old: dict, new: dict, prefix: str = "") -> list[str]:
+    keys = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            keys += _changed(a, b, f"{prefix}{key}.")
+        elif a != b:
+            keys.append(f"{prefix}{key}")
+    return keys
+
+
+# Settings that may change between a run and its resumption: where the services are, how fast to go.
+RESUMABLE = ("services.", "run.threads", "run.device", "run.save_every", "ppo.generate_batch")
+
+
+def check_config(out: Path, config: LocalTrainConfig) -> None:
+    """Record the settings, or refuse a rerun that changes what was trained."""
+    path = out / CONFIG_FILE
+    current = config.to_json()
+    if path.is_file():
+        changed = [k for k in _changed(json.loads(path.read_text()), current) if not k.startswith(RESUMABLE)]
+        if changed:
+            raise ConfigError(
+                f"{out} was trained with other settings ({', '.join(changed)}): give another run folder (--out), "
+                "or set them back to resume it"
+            )
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(current, indent=2) + "\n")
+
+
+STAGES = ("sft", "ppo")
+
+
+def train_local(
+    config: LocalTrainConfig, stages: tuple[str, ...] = STAGES, search: Any = None, judge: Any = None
+) -> dict[str, Path]:
+    """SFT then PPO as configured (``stages`` picks some); returns the final policies' folders by stage.
+
+    PPO starts from the SFT policy whenever ``sft.data`` is set (SFT runs first if it has not).
+    """
+    from r3_env.train.ppo import PPOTrainer
+    from r3_env.train.sft import run_sft
+
+    if not config.sft.data and not config.ppo.prompts:
+        raise ConfigError("nothing to train: set sft.data (cold-start SFT) and/or ppo.prompts (PPO)")
+    if config.run.threads:
+        torch.set_num_threads(config.run.threads)
+    out = Path(config.run.out)
+    check_config(out, config)
+    metrics = MetricsLog(out)
+    results: dict[str, Path] = {}
+    try:
+        policy = config.model.policy
+        if config.sft.data and ("sft" in stages or config.ppo.prompts):
+            results["sft"] = policy = str(run_sft(config.run, config.model, config.sft, config.rollout, metrics))
+        if config.ppo.prompts and "ppo" in stages:
+            trainer = PPOTrainer(config.run, config.model, config.ppo, config.rollout, policy, metrics, search, judge)
+            try:
+                results["ppo"] = trainer.train()
+            finally:
+                trainer.close()
+    finally:
+        metrics.close()
+    return {stage: Path(path) for stage, path in results.items()}

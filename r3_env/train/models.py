@@ -1,0 +1,138 @@
+"""Policy, critic and reference as OpenRLHF's own model classes, on one device, plus optimizers and checkpoints.
+
+The policy is OpenRLHF's :class:`openrlhf.models.Actor` around a transformers causal LM (loaded
+here in the configured dtype: OpenRLHF's loader knows bf16 and fp16 only, and CPU training wants
+fp32). The critic is OpenRLHF's ``get_llm_for_sequence_regression(..., "critic")`` (its loader
+reads bf16/fp16, so the critic is loaded in bf16 and cast; a resumed critic gets its exact
+weights back from the checkpoint). Optimizers follow OpenRLHF's defaults: AdamW with betas
+(0.9, 0.95) and a cosine schedule with warm-up down to a minimum rate. OpenRLHF builds these
+through DeepSpeed, which needs a GPU; the plain torch equivalents here are the local trainer's own.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from r3_env.train import openrlhf_cpu
+from r3_env.train.config import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device is cuda but torch sees no GPU: use --device cpu (or auto)")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
+def load_tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_actor(path: str, config: ModelConfig, device: torch.device) -> Any:
+    """OpenRLHF's Actor around ``path``'s causal LM, in ``config.dtype`` on ``device``."""
+    openrlhf_cpu.enable()
+    from openrlhf.models import Actor
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=DTYPES[config.dtype], attn_implementation=config.attn_implementation
+    ).to(device)
+    model.config.use_cache = False  # as OpenRLHF's Actor sets it; generate() keeps its own cache setting
+    actor = Actor(model)
+    actor.packing_samples = False  # Actor sets it only when it loads the model itself (in bf16/fp16)
+    if config.gradient_checkpointing:
+        actor.gradient_checkpointing_enable()
+    return actor
+
+
+def load_critic(path: str, config: ModelConfig, device: torch.device) -> Any:
+    """OpenRLHF's critic (the causal LM's body and a new value head) from ``path``."""
+    openrlhf_cpu.enable()
+    from openrlhf.models import get_llm_for_sequence_regression
+
+    critic = get_llm_for_sequence_regression(
+        path,
+        "critic",
+        param_dtype="bf16",
+        attn_implementation=config.attn_implementation,
+        init_value_head=True,
+        value_head_prefix="score",
+    )
+    critic = critic.to(device=device, dtype=DTYPES[config.dtype])
+    if config.gradient_checkpointing:
+        critic.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return critic
+
+
+def make_optimizer(
+    module: torch.nn.Module, lr: float, total_steps: int, warmup_ratio: float = 0.03, min_lr_ratio: float = 0.1
+) -> tuple[torch.optim.Optimizer, Any]:
+    """AdamW and OpenRLHF's default schedule (cosine_with_min_lr, warm-up share of the steps)."""
+    from transformers import get_scheduler
+
+    optimizer = torch.optim.AdamW(
+        [p for p in module.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.95), weight_decay=0.0
+    )
+    scheduler = get_scheduler(
+        "cosine_with_min_lr",
+        optimizer,
+        num_warmup_steps=int(total_steps * warmup_ratio),
+        num_training_steps=max(total_steps, 1),
+        scheduler_specific_kwargs={"min_lr": lr * min_lr_ratio},
+    )
+    return optimizer, scheduler
+
+
+def save_policy(model: Any, tokenizer: Any, folder: Path) -> Path:
+    """Write an HF folder whole (a temporary folder renamed into place), so a reader never sees half of one."""
+    folder = Path(folder)
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(tmp, folder)
+    return folder
+
+
+def save_state(path: Path, state: dict[str, Any]) -> None:
+    """A checkpoint file written whole, then renamed over the previous one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def load_state(path: Path) -> dict[str, Any] | None:
+    path = Path(path)
+    return torch.load(path, map_location="cpu", weights_only=False) if path.is_file() else None
+
+
+def rng_state() -> dict[str, Any]:
+    import random
+
+    return {"python": random.getstate(), "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    import random
+
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])

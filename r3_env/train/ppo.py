@@ -1,0 +1,501 @@
+"""PPO on one machine (CPU or one GPU) with the cluster run's code: the same agent, rewards and RL math.
+
+One iteration:
+
+1. **Rollouts.** r3rag's :class:`~r3_env.openrlhf.agent.AgentExecutor` (the file OpenRLHF's vLLM
+   actors load) runs every episode against :class:`~r3_env.hf_engine.HFEngine`, which honours
+   OpenRLHF's ``llm_engine.generate`` contract and shares the policy's weights, so no weight sync
+   is needed. Retrieval and judging go to the services over HTTP, as on a cluster.
+2. **Experiences.** OpenRLHF's sample generator turns each executor output into an
+   ``Experience`` (r3rag's subclass keeps the per-step rewards); OpenRLHF's experience maker
+   splits them into micro-batches. Log-probs (``Actor``), reference log-probs, values (its
+   critic) and the KL estimate (``compute_approx_kl``) are filled here, as OpenRLHF's
+   ``make_experience`` does with its Ray model groups. Then OpenRLHF's
+   ``compute_advantages_and_returns`` (through r3rag's subclass: each step's reward at its last
+   token, the KL penalty per token) computes GAE or REINFORCE returns and normalises advantages.
+3. **Updates.** OpenRLHF's ``PolicyLoss`` (clipped ratio) and ``ValueLoss`` (clipped values), and
+   its ``compute_entropy`` for the entropy. Accumulation, clipping and AdamW steps are the local
+   trainer's own: OpenRLHF runs them through DeepSpeed, which needs a GPU.
+
+Checkpoints (``ppo/checkpoint.pt``: both models, optimizers, schedulers, the KL coefficient,
+the data position and the RNG) are written every ``save_every`` iterations and at the end; a
+rerun resumes from the last. The final policy is ``ppo/policy``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import random
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from r3_env.data import QAItem, read_dataset
+from r3_env.hf_engine import HFEngine, SamplingParams
+from r3_env.rollout import RolloutConfig
+from r3_env.train import openrlhf_cpu
+from r3_env.train.config import ModelConfig, PPOConfig, RunConfig
+from r3_env.train.metrics import MetricsLog
+from r3_env.train.models import (
+    load_actor,
+    load_critic,
+    load_state,
+    load_tokenizer,
+    make_optimizer,
+    pick_device,
+    rng_state,
+    save_policy,
+    save_state,
+    set_rng_state,
+)
+
+logger = logging.getLogger(__name__)
+
+DONE_FILE = "done.json"
+OUTCOMES = ("correct", "wrong", "no_answer", "format_error", "service_failure")
+
+
+def openrlhf_args(ppo: PPOConfig, placement: str) -> SimpleNamespace:
+    """The fields of OpenRLHF's hierarchical args that its experience code reads, from ``ppo``.
+
+    Everything else keeps OpenRLHF's parser default (no length penalties, no dynamic batching,
+    no train/rollout mismatch correction); tests compare this with OpenRLHF's own parser.
+    """
+    if placement == "step" and ppo.estimator not in ("gae", "reinforce"):
+        raise ValueError(f"per-step rewards need estimator gae or reinforce, not {ppo.estimator!r}")
+    return SimpleNamespace(
+        algo=SimpleNamespace(
+            advantage=SimpleNamespace(
+                estimator=ppo.estimator,
+                gamma=ppo.gamma,
+                lambd=ppo.lambd,
+                no_std_norm=False,
+                is_correction_level="off",
+            ),
+            kl=SimpleNamespace(init_coef=ppo.init_kl_coef, estimator=ppo.kl_estimator, use_loss=False),
+            dynamic_filtering_enable=False,
+        ),
+        rollout=SimpleNamespace(n_samples_per_prompt=ppo.n_samples_per_prompt, micro_batch_size=ppo.micro_batch_size),
+        train=SimpleNamespace(dynamic_batch_enable=False),
+        reward=SimpleNamespace(
+            clip_range=(-ppo.reward_clip, ppo.reward_clip), overlong_buffer_len=None, stop_properly_penalty_coef=None
+        ),
+        data=SimpleNamespace(max_len=ppo.max_len),
+    )
+
+
+def _label(item: QAItem) -> str:
+    """What OpenRLHF's ``--data.label_key`` hands the agent: the row, so gold ids travel too."""
+    return json.dumps(item.to_json())
+
+
+class PPOTrainer:
+    """Owns the models, optimizers, the agent and the engine for one PPO run."""
+
+    def __init__(
+        self,
+        run: RunConfig,
+        model: ModelConfig,
+        ppo: PPOConfig,
+        rollout: RolloutConfig,
+        policy: str,
+        metrics: MetricsLog | None = None,
+        search: Any = None,
+        judge: Any = None,
+    ) -> None:
+        openrlhf_cpu.enable()
+        from r3_env.openrlhf import step_rewards
+
+        step_rewards.install()  # before OpenRLHF's experience maker is imported: it patches compute_reward
+        from openrlhf.models import PolicyLoss, ValueLoss
+        from openrlhf.models.utils import compute_entropy
+        from openrlhf.trainer.ppo_utils.kl_controller import AdaptiveKLController, FixedKLController
+
+        from r3_env.openrlhf.agent import AgentExecutor
+
+        self.run, self.ppo, self.rollout_config, self.metrics = run, ppo, rollout, metrics
+        self.folder = Path(run.out) / "ppo"
+        self.device = pick_device(run.device)
+        random.seed(run.seed)
+        torch.manual_seed(run.seed)
+        self.tokenizer = load_tokenizer(policy)
+        self.actor = load_actor(policy, model, self.device)
+        self.reference = None
+        if ppo.init_kl_coef > 0:
+            self.reference = load_actor(policy, model, self.device).eval().requires_grad_(False)
+        self.critic = load_critic(model.critic or policy, model, self.device) if ppo.estimator == "gae" else None
+        self.args = openrlhf_args(ppo, rollout.reward.placement)
+        strategy = SimpleNamespace(args=self.args)
+        generator_cls, maker_cls = step_rewards.experience_classes()
+        self.generator = generator_cls(strategy, None, None, self.tokenizer, [])
+        if ppo.kl_target > 0:
+            self.kl_ctl = AdaptiveKLController(ppo.init_kl_coef, ppo.kl_target, ppo.kl_horizon)
+        else:
+            self.kl_ctl = FixedKLController(ppo.init_kl_coef)
+        self.maker = maker_cls(None, None, None, None, self.kl_ctl, strategy, self.tokenizer)
+        self.policy_loss = PolicyLoss(clip_eps_low=ppo.eps_clip, clip_eps_high=ppo.eps_clip)
+        self.value_loss = ValueLoss(clip_eps=ppo.value_clip)
+        # torch.compile'd on GPU (OpenRLHF's choice); its eager body on CPU, where compiling costs more than it saves
+        self.entropy = compute_entropy
+        if self.device.type != "cuda":
+            self.entropy = getattr(compute_entropy, "_torchdynamo_orig_callable", compute_entropy)
+        optimizer_steps = ppo.iterations * ppo.max_epochs * math.ceil(ppo.episodes / ppo.train_batch_size)
+        self.actor_optim, self.actor_sched = make_optimizer(self.actor, ppo.actor_lr, optimizer_steps)
+        self.critic_optim = self.critic_sched = None
+        if self.critic is not None:
+            self.critic_optim, self.critic_sched = make_optimizer(self.critic, ppo.critic_lr, optimizer_steps)
+        self.executor = AgentExecutor(rollout, search=search, judge=judge)
+        self.engine = HFEngine(self.actor.model, self.tokenizer, max_batch=ppo.generate_batch)
+        self.loop = asyncio.new_event_loop()
+        self.context = self.loop.run_until_complete(self._context())  # its batchers belong to this loop
+        self.items: list[QAItem] = []
+        self.iteration = 0
+        self.position = 0  # questions consumed, over reshuffled passes of the prompt set
+
+    async def _context(self) -> Any:
+        return self.executor.context(self.tokenizer)
+
+    # -- data ---------------------------------------------------------------------------------------
+
+    def load_prompts(self) -> None:
+        if not self.ppo.prompts:
+            raise ValueError("ppo.prompts is required: a FlashRAG dataset .jsonl of training questions")
+        self.items = read_dataset(self.ppo.prompts)
+        if not self.items:
+            raise ValueError(f"ppo.prompts {self.ppo.prompts} holds no questions")
+
+    def next_prompts(self) -> list[QAItem]:
+        """The next ``rollout_batch_size`` questions: passes over the set, each in a seeded order."""
+        batch = []
+        for _ in range(self.ppo.rollout_batch_size):
+            epoch, offset = divmod(self.position, len(self.items))
+            order = list(range(len(self.items)))
+            random.Random(self.run.seed * 1_000_003 + epoch).shuffle(order)
+            batch.append(self.items[order[offset]])
+            self.position += 1
+        return batch
+
+    # -- 1. rollouts --------------------------------------------------------------------------------
+
+    def rollout(self, items: Sequence[QAItem]) -> list[dict[str, Any]]:
+        """Every question ``n_samples_per_prompt`` times through the agent (question-major, as OpenRLHF orders them)."""
+        self.actor.eval()
+        params = SamplingParams(temperature=self.ppo.temperature, top_p=self.ppo.top_p, max_tokens=None)
+
+        async def episodes() -> list[dict[str, Any]]:
+            return await asyncio.gather(
+                *(
+                    self.executor.execute(
+                        prompt=item.question,
+                        label=_label(item),
+                        sampling_params=params,
+                        max_length=self.ppo.max_len,
+                        hf_tokenizer=self.tokenizer,
+                        llm_engine=self.engine,
+                    )
+                    for item in items
+                    for _ in range(self.ppo.n_samples_per_prompt)
+                )
+            )
+
+        return self.loop.run_until_complete(episodes())
+
+    # -- 2. experiences -----------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def make_experiences(self, responses: Sequence[dict[str, Any]]) -> list[Any]:
+        """Micro-batches of experiences with log-probs, values, KL, advantages and returns (on CPU, as OpenRLHF)."""
+        from openrlhf.models.utils import compute_approx_kl, masked_mean
+
+        samples = [self.generator._process_response_into_experience(r, max_len=self.ppo.max_len) for r in responses]
+        batches = self.maker.split_rollout_samples(samples)
+        self.actor.eval()
+        for batch in batches:
+            sequences, attention = batch.sequences.to(self.device), batch.attention_mask.to(self.device)
+            action_mask = batch.action_mask.to(self.device)
+            log_probs = self.actor(sequences, action_mask, attention_mask=attention)
+            base = self.reference(sequences, action_mask, attention_mask=attention) if self.reference else None
+            values = self.critic(sequences, action_mask, attention_mask=attention) if self.critic else None
+            if base is not None:
+                kl = compute_approx_kl(log_probs, base, kl_estimator=self.ppo.kl_estimator)
+            else:
+                kl = torch.zeros_like(log_probs)
+            batch.action_log_probs = log_probs.float().cpu()
+            batch.base_action_log_probs = None  # the KL is in the reward (OpenRLHF without --algo.kl.use_loss)
+            batch.values = values.float().cpu() if values is not None else None
+            batch.kl = kl.float().cpu()
+            batch.info["kl"] = masked_mean(batch.kl, batch.action_mask, dim=-1)
+        return self.maker.compute_advantages_and_returns(batches)
+
+    # -- 3. updates ---------------------------------------------------------------------------------
+
+    def train_on(self, batches: Sequence[Any], train_actor: bool = True) -> dict[str, float]:
+        """``max_epochs`` passes over the micro-batches; one optimizer step per ``train_batch_size`` episodes."""
+        per_step = self.ppo.train_batch_size // self.ppo.micro_batch_size
+        sums: dict[str, float] = {}
+        counts: dict[str, int] = {}
+
+        def add(name: str, value: float) -> None:
+            sums[name] = sums.get(name, 0.0) + value
+            counts[name] = counts.get(name, 0) + 1
+
+        for _ in range(self.ppo.max_epochs):
+            order = torch.randperm(len(batches)).tolist()
+            for start in range(0, len(order), per_step):
+                group = [batches[i] for i in order[start : start + per_step]]
+                if train_actor:
+                    for name, value in self._actor_step(group).items():
+                        add(name, value)
+                if self.critic is not None:
+                    for name, value in self._critic_step(group).items():
+                        add(name, value)
+        return {name: sums[name] / counts[name] for name in sums}
+
+    def _tokens(self, group: Sequence[Any]) -> float:
+        return max(float(sum(b.action_mask.sum() for b in group)), 1.0)
+
+    def _actor_step(self, group: Sequence[Any]) -> dict[str, float]:
+        from openrlhf.models.utils import masked_mean
+
+        self.actor.train()
+        total_tokens, logs = self._tokens(group), {"policy_loss": 0.0, "entropy": 0.0, "clip_ratio": 0.0, "ppo_kl": 0.0}
+        for batch in group:
+            mask = batch.action_mask.to(self.device)
+            share = float(batch.action_mask.sum()) / total_tokens
+            log_probs, output = self.actor(
+                batch.sequences.to(self.device),
+                mask,
+                attention_mask=batch.attention_mask.to(self.device),
+                return_output=True,
+            )
+            loss, clip_ratio, ppo_kl, _, _ = self.policy_loss(
+                log_probs, batch.action_log_probs.to(self.device), batch.advantages.to(self.device), action_mask=mask
+            )
+            entropy = masked_mean(self.entropy(output["logits"])[:, :-1][:, -mask.shape[1] :], mask)
+            (share * (loss - self.ppo.entropy_coef * entropy)).backward()
+            for name, value in (
+                ("policy_loss", loss),
+                ("entropy", entropy),
+                ("clip_ratio", clip_ratio),
+                ("ppo_kl", ppo_kl),
+            ):
+                logs[name] += share * float(value.detach())
+        logs["actor_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.actor.parameters(), self.ppo.max_norm))
+        self.actor_optim.step()
+        self.actor_sched.step()
+        self.actor_optim.zero_grad(set_to_none=True)
+        logs["actor_lr"] = self.actor_sched.get_last_lr()[0]
+        return logs
+
+    def _critic_step(self, group: Sequence[Any]) -> dict[str, float]:
+        from openrlhf.models.utils import masked_mean
+
+        self.critic.train()
+        total_tokens, logs = self._tokens(group), {"value_loss": 0.0, "values": 0.0}
+        for batch in group:
+            mask = batch.action_mask.to(self.device)
+            share = float(batch.action_mask.sum()) / total_tokens
+            values = self.critic(
+                batch.sequences.to(self.device), mask, attention_mask=batch.attention_mask.to(self.device)
+            )
+            loss = self.value_loss(
+                values, batch.values.to(self.device), batch.returns.to(self.device), action_mask=mask
+            )
+            (share * loss).backward()
+            logs["value_loss"] += share * float(loss.detach())
+            logs["values"] += share * float(masked_mean(values.detach(), mask))
+        logs["critic_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.ppo.max_norm))
+        self.critic_optim.step()
+        self.critic_sched.step()
+        self.critic_optim.zero_grad(set_to_none=True)
+        return logs
+
+    # -- the loop -----------------------------------------------------------------------------------
+
+    def step(self) -> dict[str, float]:
+        """One iteration: rollouts, experiences, updates. Returns what it logs."""
+        context_before = self._service_time()
+        busy_before = self.engine.busy_s
+        started = time.perf_counter()
+        responses = self.rollout(self.next_prompts())
+        rollout_s = time.perf_counter() - started
+        started = time.perf_counter()
+        batches = self.make_experiences(responses)
+        train_actor = self.iteration >= self.ppo.critic_warmup
+        losses = self.train_on(batches, train_actor=train_actor)
+        training_s = time.perf_counter() - started
+        retrieval_s, judging_s = (
+            after - before for after, before in zip(self._service_time(), context_before, strict=True)
+        )
+        kl = float(torch.cat([b.info["kl"].flatten() for b in batches]).mean()) if batches else 0.0
+        self.kl_ctl.update(kl, len(responses))
+        self.iteration += 1
+        values = _episode_stats(responses)
+        values.update(losses)
+        values.update(
+            kl=kl,
+            kl_coef=float(self.kl_ctl.value),
+            actor_trained=float(train_actor),
+            returns=float(torch.cat([b.returns[b.action_mask.bool()] for b in batches]).mean()),
+            generation_s=self.engine.busy_s - busy_before,
+            retrieval_s=retrieval_s,
+            judging_s=judging_s,
+            rollout_s=rollout_s,
+            training_s=training_s,
+        )
+        return values
+
+    def _service_time(self) -> tuple[float, float]:
+        context = self.context
+        return context.search_batcher.busy_s, context.relevance_batcher.busy_s + context.correctness_batcher.busy_s
+
+    def train(self) -> Path:
+        """Run (or resume) all iterations; returns the final policy's folder."""
+        final = self.folder / "policy"
+        if (self.folder / DONE_FILE).is_file():
+            logger.info("PPO already finished: %s", final)
+            return final
+        self.load_prompts()
+        self.resume()
+        logger.info(
+            "PPO: %d iterations of %d questions x %d samples on %s (%s, critic %s)",
+            self.ppo.iterations,
+            self.ppo.rollout_batch_size,
+            self.ppo.n_samples_per_prompt,
+            self.device,
+            self.ppo.estimator,
+            "yes" if self.critic is not None else "no",
+        )
+        while self.iteration < self.ppo.iterations:
+            started = time.perf_counter()
+            values = self.step()
+            values["iteration_s"] = time.perf_counter() - started
+            if self.metrics is not None:
+                self.metrics.log("ppo", self.iteration, values)
+            logger.info(
+                "PPO %d/%d: reward %.3f, correct %.0f%%, KL %.4f, entropy %.3f, value loss %.4f (%.1f s: "
+                "generation %.1f, retrieval %.2f, judging %.2f, training %.1f)",
+                self.iteration,
+                self.ppo.iterations,
+                values["reward"],
+                100 * values["correct"],
+                values["kl"],
+                values.get("entropy", float("nan")),
+                values.get("value_loss", float("nan")),
+                values["iteration_s"],
+                values["generation_s"],
+                values["retrieval_s"],
+                values["judging_s"],
+                values["training_s"],
+            )
+            if self.iteration % self.run.save_every == 0 or self.iteration == self.ppo.iterations:
+                self.save()
+        save_policy(self.actor.model, self.tokenizer, final)
+        (self.folder / DONE_FILE).write_text(json.dumps({"iterations": self.iteration}) + "\n")
+        logger.info("PPO done: %d iterations -> %s", self.iteration, final)
+        return final
+
+    def save(self) -> None:
+        state = {
+            "iteration": self.iteration,
+            "position": self.position,
+            "kl_coef": float(self.kl_ctl.value),
+            "actor": self.actor.model.state_dict(),
+            "actor_optim": self.actor_optim.state_dict(),
+            "actor_sched": self.actor_sched.state_dict(),
+            "rng": rng_state(),
+        }
+        if self.critic is not None:
+            state.update(
+                critic=self.critic.state_dict(),
+                critic_optim=self.critic_optim.state_dict(),
+                critic_sched=self.critic_sched.state_dict(),
+            )
+        save_state(self.folder / "checkpoint.pt", state)
+
+    def resume(self) -> bool:
+        state = load_state(self.folder / "checkpoint.pt")
+        if state is None:
+            return False
+        self.actor.model.load_state_dict(state["actor"])
+        self.actor_optim.load_state_dict(state["actor_optim"])
+        self.actor_sched.load_state_dict(state["actor_sched"])
+        if self.critic is not None:
+            self.critic.load_state_dict(state["critic"])
+            self.critic_optim.load_state_dict(state["critic_optim"])
+            self.critic_sched.load_state_dict(state["critic_sched"])
+        self.iteration, self.position = state["iteration"], state["position"]
+        self.kl_ctl.value = state["kl_coef"]
+        set_rng_state(state["rng"])
+        logger.info("PPO resumes after iteration %d from %s", self.iteration, self.folder / "checkpoint.pt")
+        return True
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.context.aclose())
+        self.loop.close()
+
+
+def _episode_stats(responses: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Mean reward and score, outcome shares and counts, steps, retrievals and documents read per episode."""
+    count_all = max(len(responses), 1)
+
+    def mean(values: Sequence[float]) -> float:
+        return float(sum(values)) / count_all
+
+    logs = [r.get("extra_logs") or {} for r in responses]
+    stats = {
+        "reward": mean([r["reward"] for r in responses]),
+        "score": mean([r["scores"] for r in responses]),
+        "episodes": float(len(responses)),
+        "steps": mean([log.get("num_steps", 0.0) for log in logs]),
+        "retrievals": mean([log.get("retrievals", 0.0) for log in logs]),
+        "docs_read": mean([log.get("num_docs", 0.0) for log in logs]),
+        "relevance": mean([log.get("relevance_mean", 0.0) for log in logs]),
+        "response_tokens": mean([sum(end - start for start, end in r["action_ranges"]) for r in responses]),
+    }
+    for outcome in OUTCOMES:
+        key = "service_failure" if outcome == "service_failure" else f"outcome_{outcome}"
+        count = sum(log.get(key, 0.0) for log in logs)
+        stats[outcome], stats[f"n_{outcome}"] = count / count_all, count
+    return stats
+
+
+def evaluate_rewards(
+    policy: str,
+    items: Sequence[QAItem],
+    rollout: RolloutConfig,
+    device: str = "auto",
+    max_len: int = 4096,
+    generate_batch: int = 64,
+) -> dict[str, float]:
+    """Greedy episodes of ``policy`` through the agent, scored as in training: mean reward and outcome shares."""
+    import dataclasses
+
+    from transformers import AutoModelForCausalLM
+
+    from r3_env.openrlhf.agent import AgentExecutor
+
+    # one reward per episode is all this needs: no per-step extension in this process
+    config = dataclasses.replace(rollout, reward=dataclasses.replace(rollout.reward, placement="scalar"))
+    tokenizer = load_tokenizer(policy)
+    model = AutoModelForCausalLM.from_pretrained(policy).to(pick_device(device))
+    engine = HFEngine(model, tokenizer, max_batch=generate_batch)
+    executor = AgentExecutor(config)
+    params = SamplingParams(temperature=0.0, max_tokens=None)
+
+    async def episodes() -> list[dict[str, Any]]:
+        try:
+            return await asyncio.gather(
+                *(executor.execute(item.question, _label(item), params, max_len, tokenizer, engine) for item in items)
+            )
+        finally:
+            await executor.context(tokenizer).aclose()
+
+    return _episode_stats(asyncio.run(episodes()))

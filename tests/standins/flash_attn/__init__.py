@@ -1,1 +1,0 @@
-"""Test stand-in for flash-attn (CUDA only): see tests/standins/README.md."""

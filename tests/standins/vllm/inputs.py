@@ -1,3 +1,0 @@
-"""Test stand-in: vllm.inputs.TokensPrompt."""
-
-TokensPrompt = dict

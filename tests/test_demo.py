@@ -1,0 +1,120 @@
+"""``r3rag demo --quick`` end to end, as a user runs it: every artifact is there and well formed; a rerun resumes."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import run_r3rag
+
+PPO_KEYS = (
+    "reward",
+    "correct",
+    "wrong",
+    "no_answer",
+    "format_error",
+    "kl",
+    "entropy",
+    "value_loss",
+    "policy_loss",
+    "steps",
+    "retrievals",
+    "docs_read",
+    "generation_s",
+    "retrieval_s",
+    "judging_s",
+    "training_s",
+)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo") / "demo_out"
+    result = run_r3rag("demo", "--quick", "--out", str(out), timeout=900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return {"out": out, "stdout": result.stdout, "record": json.loads((out / "demo.json").read_text())}
+
+
+def test_quick_demo_writes_every_artifact(demo):
+    from transformers import AutoModelForCausalLM
+
+    from r3_env.train.metrics import read_metrics
+
+    out, record = demo["out"], demo["record"]
+    budget = record["budget"]
+    assert set(record["results"]) == {"untrained", "sft", "ppo"}
+    for name in (
+        "world",
+        "index",
+        "services",
+        "coldstart",
+        "model",
+        "sft_data",
+        "eval_untrained",
+        "sft",
+        "eval_sft",
+        "ppo",
+        "eval_ppo",
+        "report",
+    ):
+        assert record["stages_s"][name] >= 0, name
+    for key in ("world", "index", "coldstart", "policy0", "report", "sft_policy", "ppo_policy"):
+        assert Path(record["paths"][key]).exists(), key
+    # the summary says where everything is
+    for word in ("untrained", "sft", "ppo", "report.html", "PPO training reward"):
+        assert word in demo["stdout"], word
+
+    # evaluations: one row per dev question, scored
+    for name in ("untrained", "sft", "ppo"):
+        run = out / "eval" / name
+        rows = (run / "predictions.jsonl").read_text().splitlines()
+        assert len(rows) == budget["eval_questions"]
+        scores = json.loads((run / "scores.json").read_text())
+        assert scores["judge"] and 0 <= scores["average"]["final"]["em"] <= 1
+
+    # training: SFT and PPO curves with every metric finite, TensorBoard events, loadable policies
+    rows = read_metrics(out / "train")
+    sft = [r for r in rows if r["stage"] == "sft"]
+    ppo = [r for r in rows if r["stage"] == "ppo"]
+    assert sft and all(math.isfinite(r["loss"]) for r in sft)
+    assert [r["step"] for r in ppo] == list(range(1, budget["ppo_iterations"] + 1))
+    for row in ppo:
+        for key in PPO_KEYS:
+            assert math.isfinite(row[key]), key
+        assert row["episodes"] == budget["rollout_batch_size"] * budget["n_samples_per_prompt"]
+        assert sum(row[k] for k in ("correct", "wrong", "no_answer", "format_error")) == pytest.approx(1.0)
+    assert list((out / "train" / "tensorboard").glob("events.out.tfevents.*"))
+    for stage in ("sft", "ppo"):
+        AutoModelForCausalLM.from_pretrained(out / "train" / stage / "policy")
+
+    # the report: before/after table, training curves, trajectories
+    page = (out / "report.html").read_text()
+    tables = json.loads((out / "report.json").read_text())
+    assert [row["run"] for row in tables["main"]] == ["ppo", "sft", "untrained"]
+    titles = [chart["title"] for chart in tables["training"]]
+    assert "Mean episode reward" in titles and "SFT loss" in titles and "Where an iteration's time goes" in titles
+    reward = next(c for c in tables["training"] if c["title"] == "Mean episode reward")
+    assert [x for x, _ in reward["series"]["reward"]] == list(range(1, budget["ppo_iterations"] + 1))
+    assert page.count('<figure class="training">') == len(tables["training"]) and 'id="trajectory-data"' in page
+    assert (out / "report.md").read_text().count("| Mean episode reward |") == 1
+
+    # the services were stopped
+    for url in record["services"].values():
+        with pytest.raises(httpx.TransportError):
+            httpx.get(url + "/health", timeout=2.0)
+
+
+def test_a_rerun_resumes_without_repeating_work(demo):
+    out = demo["out"]
+    before = {name: (out / "eval" / name / "predictions.jsonl").read_text() for name in ("untrained", "sft", "ppo")}
+    metrics = (out / "train" / "metrics.jsonl").read_text()
+    result = run_r3rag("demo", "--quick", "--out", str(out), timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name, text in before.items():
+        assert (out / "eval" / name / "predictions.jsonl").read_text() == text, name
+    assert (out / "train" / "metrics.jsonl").read_text() == metrics  # nothing was trained again
+    other = run_r3rag("demo", "--quick", "--seed", "1", "--out", str(out), timeout=120)
+    assert other.returncode == 2 and "--overwrite" in other.stderr

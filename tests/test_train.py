@@ -1,0 +1,257 @@
+"""The local trainer: model factory, SFT, and PPO with OpenRLHF's own functions, against real services.
+
+The retrieval service and the reward server (lexical judge) run as their own processes on free
+ports; the policy is the model factory's tiny random Qwen2. Scripted steps (HFEngine's constrained
+decoding) make the episodes known, so the rewards and where they land can be checked exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import yaml
+from conftest import Script, ServiceProcess, answer_step, query_step
+
+from r3_env.config import ConfigError
+from r3_env.data import iter_corpus, read_dataset
+from r3_env.protocol import ChatRenderer, Step, Turn
+from r3_env.retrieval.index_builder import IndexBuildConfig, build_index
+from r3_env.rollout import RolloutConfig
+from r3_env.train.config import ModelConfig, PPOConfig, RunConfig, SFTConfig
+from r3_env.train.model_factory import TinyModelConfig, build_tiny_policy
+from r3_env.world.build import WorldConfig, generate_world
+
+TINY = TinyModelConfig(vocab_size=600, hidden_size=32, layers=1, heads=2, kv_heads=1, intermediate_size=64)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A 150-entity world with its BM25 index, both services running, and the tiny policy."""
+    root = tmp_path_factory.mktemp("train")
+    generate_world(WorldConfig(entities=150, seed=11, bm25_check=0), root / "world")
+    index = build_index(IndexBuildConfig(corpus_path=str(root / "world" / "corpus.jsonl"), save_dir=str(root / "idx")))
+    (root / "retriever.yaml").write_text(yaml.safe_dump({"retrieval_method": "bm25", "index_path": str(index)}))
+    (root / "reward.yaml").write_text(yaml.safe_dump({"judge": {"backend": "lexical"}}))
+    policy = build_tiny_policy(root / "world", root / "policy0", TINY)
+    items = [i for i in read_dataset(root / "world" / "train.jsonl") if i.metadata["hops"] == 2]
+    with (
+        ServiceProcess(["retriever", "serve", "--config", str(root / "retriever.yaml")]) as retriever,
+        ServiceProcess(["reward", "serve", "--config", str(root / "reward.yaml")]) as reward,
+    ):
+        rollout = RolloutConfig.from_dict(
+            {
+                "env": {"max_step_tokens": 48, "format_retries": 0},
+                "services": {"retriever_url": retriever.url, "reward_url": reward.url},
+            }
+        )
+        yield {"root": root, "policy": policy, "items": items, "rollout": rollout}
+
+
+def gold_plan(item) -> list[str]:
+    """The steps that answer ``item`` from its gold decomposition: one query per hop, then the answer."""
+    hops = item.metadata["question_decomposition"]
+    return [query_step(f"I need hop {i + 1}.", hop["question"]) for i, hop in enumerate(hops)] + [
+        answer_step("The documents give it.", item.golden_answers[0])
+    ]
+
+
+def make_trainer(world, tmp_path, **ppo):
+    from r3_env.train.ppo import PPOTrainer
+
+    settings = {
+        "prompts": str(world["root"] / "world" / "train.jsonl"),
+        "rollout_batch_size": 2,
+        "n_samples_per_prompt": 2,
+        "micro_batch_size": 2,
+        "train_batch_size": 4,
+        "max_len": 2048,
+        **ppo,
+    }
+    config = PPOConfig(**settings)
+    run = RunConfig(out=str(tmp_path / "run"), seed=3, device="cpu", save_every=1)
+    return PPOTrainer(run, ModelConfig(policy=str(world["policy"])), config, world["rollout"], str(world["policy"]))
+
+
+# -- model factory ------------------------------------------------------------------------------------
+
+
+def test_model_factory_builds_a_tokenizer_for_the_world_and_the_protocol(world, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(world["policy"])
+    model = AutoModelForCausalLM.from_pretrained(world["policy"])
+    assert model.config.model_type == "qwen2" and model.config.hidden_size == 32
+    assert len(tokenizer) == TINY.vocab_size == model.config.vocab_size
+    renderer = ChatRenderer(tokenizer)  # its checks pass: prefix-consistent ChatML, a stop token per step
+    item = world["items"][0]
+    turns = [Turn(Step("I need the first fact.", query="who directed it"), ()), Turn(Step("So.", answer="Ann"))]
+    renderer.check_tokenization(item.question, turns)
+    text = renderer.transcript(item.question, turns)
+    assert tokenizer.decode(tokenizer(text)["input_ids"]) == text  # byte-level: any text round-trips
+    step = renderer.format.render_step(Step("a", query="b"))
+    assert len(tokenizer.tokenize(step)) < len(step) / 3  # the protocol's markers are learnt, not spelt out
+    # the same settings keep the folder; others are refused unless overwrite
+    assert build_tiny_policy(world["root"] / "world", world["policy"], TINY) == world["policy"]
+    with pytest.raises(ValueError, match="hidden_size"):
+        build_tiny_policy(world["root"] / "world", world["policy"], TinyModelConfig(hidden_size=64, heads=2))
+    with pytest.raises(ValueError, match="must divide"):
+        TinyModelConfig(hidden_size=30, heads=4)
+
+
+# -- SFT ----------------------------------------------------------------------------------------------
+
+
+def test_sft_learns_the_cold_start_steps_and_resumes(world, tmp_path):
+    from r3_env.coldstart.sft_data import SFTDataConfig, build_sft_data
+    from r3_env.train.metrics import MetricsLog, read_metrics
+    from r3_env.train.sft import run_sft
+
+    passages = {p.id: p.to_json() for p in iter_corpus(world["root"] / "world" / "corpus.jsonl")}
+    trajectories = tmp_path / "trajectories.jsonl"
+    rows = []
+    for item in world["items"][:6]:  # the gold decomposition as a trajectory, each hop with its gold passage
+        hops = item.metadata["question_decomposition"]
+        steps = [
+            {"analysis": f"I need hop {i + 1}.", "query": h["question"], "documents": [passages[h["passage_id"]]]}
+            for i, h in enumerate(hops)
+        ]
+        steps.append({"analysis": "The documents give it.", "answer": item.golden_answers[0]})
+        rows.append(
+            {
+                "id": item.id,
+                "question": item.question,
+                "golden_answers": item.golden_answers,
+                "outcome": "correct",
+                "steps": steps,
+            }
+        )
+    trajectories.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sft_data = tmp_path / "sft.jsonl"
+    build_sft_data(SFTDataConfig(input=str(trajectories), out=str(sft_data), tokenizer=str(world["policy"])))
+    run = RunConfig(out=str(tmp_path / "run"), seed=0, device="cpu")
+    sft = SFTConfig(data=str(sft_data), epochs=8, lr=2e-2, batch_size=2, micro_batch_size=1, lr_warmup_ratio=0.0)
+    metrics = MetricsLog(tmp_path / "run")
+    policy = run_sft(run, ModelConfig(policy=str(world["policy"])), sft, world["rollout"], metrics)
+    metrics.close()
+    losses = [row["loss"] for row in read_metrics(tmp_path / "run") if row["stage"] == "sft"]
+    assert len(losses) == 8 * 3 and all(math.isfinite(x) for x in losses)
+    assert sum(losses[-3:]) < 0.6 * sum(losses[:3])  # it learns the steps, not a flat line
+    assert (policy / "model.safetensors").is_file() and (policy.parent / "done.json").is_file()
+    # a finished SFT is not run again
+    assert (
+        run_sft(run, ModelConfig(policy=str(world["policy"])), sft, world["rollout"], MetricsLog(tmp_path / "x"))
+        == policy
+    )
+
+
+# -- PPO ----------------------------------------------------------------------------------------------
+
+
+def test_known_step_rewards_reach_their_tokens_in_the_trainers_advantages(world, tmp_path):
+    """GAE with gamma = lambda = 1 and no KL: the return at a step's tokens is the sum of its and later rewards."""
+    trainer = make_trainer(world, tmp_path, lambd=1.0, init_kl_coef=0.0)
+    try:
+        tokens = list(range(5, 45))
+        ranges = [(10, 14), (20, 25), (33, 40)]  # prompt, step, documents, step, documents, step
+        rewards = [0.5, -0.25, 2.0]
+        response = {
+            "prompt": "q",
+            "label": "[]",
+            "observation_tokens": tokens,
+            "action_ranges": ranges,
+            "rollout_log_probs": None,
+            "reward": sum(rewards),
+            "scores": 1.0,
+            "truncated": False,
+            "extra_logs": {},
+            "step_rewards": rewards,
+        }
+        [batch] = trainer.make_experiences([response, dict(response, step_rewards=[0.0, 0.0, 1.0], reward=1.0)])
+        mask = batch.action_mask[0].bool()
+        for start, end in ranges:  # action tokens (position j predicts token j + 1) are trained on ...
+            assert mask[start - 1 : end - 1].all()
+        assert mask.sum() == sum(end - start for start, end in ranges)  # ... and nothing else
+        returns = batch.returns[0]
+        remaining = sum(rewards)
+        for (start, end), reward in zip(ranges, rewards, strict=True):
+            assert returns[start - 1 : end - 1].tolist() == pytest.approx([remaining] * (end - start), abs=1e-5)
+            remaining -= reward
+        assert batch.returns[1][ranges[0][0] - 1] == pytest.approx(1.0)
+        assert batch.advantages[mask[None].expand_as(batch.advantages)].abs().sum() > 0
+    finally:
+        trainer.close()
+
+
+def test_one_ppo_iteration_on_scripted_episodes_updates_both_models_with_finite_losses(world, tmp_path):
+    trainer = make_trainer(world, tmp_path)
+    try:
+        trainer.load_prompts()
+        trainer.items = world["items"][:2]
+        trainer.engine.script = Script(trainer.tokenizer, {i.question: gold_plan(i) for i in trainer.items})
+        actor_before = [p.detach().clone() for p in trainer.actor.parameters()]
+        critic_before = [p.detach().clone() for p in trainer.critic.parameters()]
+        values = trainer.step()
+        assert values["episodes"] == 4 and values["correct"] == 1.0 and values["format_error"] == 0.0
+        assert values["reward"] > 2.0  # the answer's +2 plus the relevance of the gold documents
+        assert values["steps"] == 3.0 and values["retrievals"] == 2.0 and values["docs_read"] > 0
+        for key in ("policy_loss", "value_loss", "entropy", "kl", "actor_grad_norm", "critic_grad_norm"):
+            assert math.isfinite(values[key]), key
+        assert values["generation_s"] > 0 and values["retrieval_s"] > 0 and values["judging_s"] > 0
+        assert any(not torch.equal(a, b) for a, b in zip(actor_before, trainer.actor.parameters(), strict=True))
+        assert any(not torch.equal(a, b) for a, b in zip(critic_before, trainer.critic.parameters(), strict=True))
+        trainer.save()
+        saved = [p.detach().clone() for p in trainer.actor.parameters()]
+    finally:
+        trainer.close()
+    resumed = make_trainer(world, tmp_path)
+    try:
+        assert resumed.resume() and resumed.iteration == 1 and resumed.position == 2
+        assert all(torch.equal(a, b) for a, b in zip(saved, resumed.actor.parameters(), strict=True))
+    finally:
+        resumed.close()
+
+
+def test_critic_warmup_leaves_the_policy_alone(world, tmp_path):
+    trainer = make_trainer(world, tmp_path, critic_warmup=1, estimator="gae")
+    try:
+        trainer.load_prompts()
+        trainer.items = world["items"][:2]
+        trainer.engine.script = Script(trainer.tokenizer, {i.question: gold_plan(i) for i in trainer.items})
+        before = [p.detach().clone() for p in trainer.actor.parameters()]
+        values = trainer.step()
+        assert values["actor_trained"] == 0.0 and "policy_loss" not in values and math.isfinite(values["value_loss"])
+        assert all(torch.equal(a, b) for a, b in zip(before, trainer.actor.parameters(), strict=True))
+    finally:
+        trainer.close()
+
+
+def test_train_local_refuses_a_rerun_with_other_settings(world, tmp_path):
+    from r3_env.train.local import LocalTrainConfig, check_config
+
+    def config(**ppo):
+        return LocalTrainConfig(
+            RunConfig(out=str(tmp_path)), ModelConfig(policy="p"), SFTConfig(), PPOConfig(**ppo), world["rollout"]
+        )
+
+    check_config(tmp_path, config(iterations=3))
+    check_config(tmp_path, config(iterations=3, generate_batch=8))  # speed settings may change on resume
+    with pytest.raises(ConfigError, match=r"ppo\.iterations"):
+        check_config(tmp_path, config(iterations=4))
+
+
+def test_cli_errors_name_the_setting_and_the_fix(world, tmp_path):
+    from conftest import run_r3rag
+
+    missing = run_r3rag("train", "local", "--out", str(tmp_path / "run"), "--ppo.prompts", "x.jsonl")
+    assert missing.returncode == 2 and "model.policy is required" in missing.stderr
+    nothing = run_r3rag("train", "local", "--out", str(tmp_path / "run"), "--model.policy", str(world["policy"]))
+    assert nothing.returncode == 2 and "nothing to train" in nothing.stderr
+    bad = run_r3rag("train", "model", "--world", str(world["root"] / "world"), "--out", str(tmp_path / "m"),
+                    "--hidden_size", "30", "--heads", "4")  # fmt: skip
+    assert bad.returncode == 2 and "hidden_size (30) must divide by heads (4)" in bad.stderr
+    built = run_r3rag("train", "model", "--world", str(world["root"] / "world"), "--out", str(tmp_path / "m"),
+                      "--vocab_size", "400", "--hidden_size", "16", "--heads", "2", "--kv_heads", "1")  # fmt: skip
+    assert built.returncode == 0 and (tmp_path / "m" / "factory.json").is_file(), built.stderr[-2000:]
