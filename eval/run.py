@@ -37,7 +37,7 @@ from r3_env.batching import Coalescer
 from r3_env.data import JsonlWriter, existing_ids, read_label
 from r3_env.env import EnvConfig
 from r3_env.retrieval.base import Hit
-from r3_env.retrieval.client import RetrievalServiceError
+from r3_env.retrieval.client import AsyncRetrievalClient, RetrievalServiceError
 from r3_env.runs import (
     Question,
     RetrievalSource,
@@ -116,7 +116,10 @@ class RunStats:
         return self.busy_s / self.wall_s if self.busy_s is not None and self.wall_s else None
 
 
-def retriever_label(config: EvalRunConfig, retrieval: RetrievalSource, method: Method) -> str:
+def retriever_label(
+    config: EvalRunConfig, retrieval: RetrievalSource, method: Method, served: dict[str, Any] | None = None
+) -> str:
+    """The retriever's name in reports: ``retriever_name``, else what the YAML or the service says it is."""
     if not method.retrieves:
         return "none"
     if config.retriever_name:
@@ -125,7 +128,7 @@ def retriever_label(config: EvalRunConfig, retrieval: RetrievalSource, method: M
         retriever = retriever_config(retrieval.config)
         model = Path(retriever.retrieval_model_path).name if retriever.retrieval_method != "bm25" else ""
         return f"{retriever.retrieval_method}:{model}" if model else retriever.retrieval_method
-    return "service"
+    return str((served or {}).get("retrieval_method") or "service")
 
 
 def manifest(
@@ -135,14 +138,19 @@ def manifest(
     generation: GenerationConfig,
     retrieval: RetrievalSource,
     method: Method,
+    served: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``run.json``: everything that changes what a row means, and the labels reports use."""
+    """``run.json``: everything that changes what a row means, and the labels reports use.
+
+    A service is recorded by what it serves (``served``, its /health), not by its URL: the same
+    index behind another port or host makes the same rows, so a resumed run may move.
+    """
     settings = method.settings()
     return {
         "name": config.name or Path(config.out).name,
         **settings,
-        "retriever": retriever_label(config, retrieval, method),
-        "retrieval": {"url": retrieval.url, "config": retrieval.config} if method.retrieves else None,
+        "retriever": retriever_label(config, retrieval, method, served),
+        "retrieval": ({"service": served, "config": retrieval.config} if method.retrieves else None),
         "model": engine.model,
         "engine": engine.kind,
         "chat_template": engine.chat_template if engine.kind != "openai" else "server",
@@ -238,8 +246,18 @@ async def run_eval(
     predictions = out / PREDICTIONS
     out.mkdir(parents=True, exist_ok=True)
     with _only_writer(out):
-        check_manifest(out / MANIFEST, predictions, manifest(config, env, engine_config, generation, retrieval, method))
+        served = await service_identity(retrieval.url) if method.retrieves and retrieval.url else None
+        settings = manifest(config, env, engine_config, generation, retrieval, method, served)
+        check_manifest(out / MANIFEST, predictions, settings)
         return await _evaluate(config, env, engine_config, generation, retrieval, method, engine, retriever)
+
+
+async def service_identity(url: str) -> dict[str, Any]:
+    """What the retrieval service at ``url`` serves (method, index, documents), from its /health."""
+    async with AsyncRetrievalClient(url, timeout=30.0, retries=1) as client:
+        health = await client.health()
+    served = {key: value for key, value in health.items() if key not in ("status", "uptime_s")}
+    return served or {"url": url}  # a service that does not describe itself is known by its URL
 
 
 @contextlib.contextmanager

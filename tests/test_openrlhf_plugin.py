@@ -194,14 +194,19 @@ def services(tmp_path_factory):
         yield {"retriever": retriever, "reward": reward, "rows": [r for r in rows if r["metadata"]["hops"] == 2]}
 
 
+@pytest.mark.parametrize("tokenizer_name", ["chatml-bpe", "smollm2"])
 def test_execute_as_the_rollout_actor_calls_it_then_per_step_returns_reach_the_tokens(
-    services, bpe_backend, tmp_path, monkeypatch
+    services, tokenizer_name, request, tmp_path, monkeypatch
 ):
+    """With a locally trained BPE and with SmolLM2's real tokenizer and chat template (a tiny random model)."""
     from openrlhf.trainer.ppo_trainer import SamplesGenerator  # what the trainer builds: the plugin subclass
     from openrlhf.trainer.ray.vllm_engine import _load_agent_executor
     from transformers import AutoModelForCausalLM
 
-    tokenizer = make_tokenizer(bpe_backend, CHATML_TEMPLATE)
+    if tokenizer_name == "smollm2":
+        tokenizer = request.getfixturevalue("smollm2_tokenizer")
+    else:
+        tokenizer = make_tokenizer(request.getfixturevalue("bpe_backend"), CHATML_TEMPLATE)
     model = AutoModelForCausalLM.from_pretrained(save_tiny_causal_lm(tmp_path / "policy", tokenizer))
     row = services["rows"][0]
     first, second = (d["question"] for d in row["metadata"]["question_decomposition"])

@@ -214,6 +214,32 @@ def test_one_ppo_iteration_on_scripted_episodes_updates_both_models_with_finite_
         resumed.close()
 
 
+@pytest.mark.slow
+def test_one_ppo_iteration_of_a_real_instruct_model(world, smollm2_model, tmp_path):
+    """SmolLM2-135M-Instruct (the registry's) samples its own steps, then one PPO update of actor and critic."""
+    rollout = RolloutConfig.from_dict(
+        {
+            "env": {"max_steps": 2, "topk": 2, "max_step_tokens": 48, "format_retries": 0},
+            "services": {"retriever_url": world["rollout"].services.retriever_url,
+                         "reward_url": world["rollout"].services.reward_url},
+        }
+    )  # fmt: skip
+    trainer = make_trainer({**world, "policy": smollm2_model, "rollout": rollout}, tmp_path, max_len=1536)
+    try:
+        trainer.load_prompts()
+        trainer.items = world["items"][:2]
+        actor_before = [p.detach().clone() for p in trainer.actor.parameters()]
+        values = trainer.step()
+        assert values["episodes"] == 4 and values["response_tokens"] > 0
+        assert sum(values[k] for k in ("correct", "wrong", "no_answer", "format_error")) == pytest.approx(1.0)
+        for key in ("policy_loss", "value_loss", "entropy", "kl", "actor_grad_norm", "critic_grad_norm", "reward"):
+            assert math.isfinite(values[key]), key
+        assert values["entropy"] > 0.1  # a real model's sampling distribution, not a forced script
+        assert any(not torch.equal(a, b) for a, b in zip(actor_before, trainer.actor.parameters(), strict=True))
+    finally:
+        trainer.close()
+
+
 def test_critic_warmup_leaves_the_policy_alone(world, tmp_path):
     trainer = make_trainer(world, tmp_path, critic_warmup=1, estimator="gae")
     try:

@@ -24,6 +24,8 @@ from r3_env.train.config import ModelConfig
 
 logger = logging.getLogger(__name__)
 
+DONE_FILE = "done.json"  # a stage folder holding it is finished: a rerun skips the stage
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 

@@ -44,6 +44,7 @@ from r3_env.train import openrlhf_cpu
 from r3_env.train.config import ModelConfig, PPOConfig, RunConfig
 from r3_env.train.metrics import MetricsLog
 from r3_env.train.models import (
+    DONE_FILE,
     load_actor,
     load_critic,
     load_state,
@@ -58,7 +59,6 @@ from r3_env.train.models import (
 
 logger = logging.getLogger(__name__)
 
-DONE_FILE = "done.json"
 OUTCOMES = ("correct", "wrong", "no_answer", "format_error", "service_failure")
 
 

@@ -31,6 +31,7 @@ from r3_env.train import openrlhf_cpu
 from r3_env.train.config import ModelConfig, RunConfig, SFTConfig
 from r3_env.train.metrics import MetricsLog
 from r3_env.train.models import (
+    DONE_FILE,
     load_actor,
     load_state,
     load_tokenizer,
@@ -43,8 +44,6 @@ from r3_env.train.models import (
 )
 
 logger = logging.getLogger(__name__)
-
-DONE_FILE = "done.json"
 
 
 def sft_dataset(path: str, tokenizer: Any, max_len: int, chat_template: str | None) -> Any:
