@@ -1,6 +1,6 @@
 """Does the demo learn? Dev EM and mean episode reward of the untrained, SFT and PPO policies, over seeds.
 
-    python bench/demo_learning.py [--seeds 0,1,2] [--quick] [--out bench_out/demo_learning]
+    python bench/demo_learning.py [--seeds 0,1,2] [--model tiny-random] [--quick] [--out bench_out/demo_learning]
 
 Runs ``r3rag demo`` once per seed into OUT/seedS (a rerun resumes), then scores each policy's
 greedy episodes on the same dev questions through the agent, with the training reward (the r3
@@ -48,6 +48,7 @@ def policy_rewards(demo: Demo) -> dict[str, dict[str, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--model", default="tiny-random", help="the demo's --model")
     parser.add_argument("--quick", action="store_true", help="the --quick demo budget")
     parser.add_argument("--out", default="bench_out/demo_learning")
     args = parser.parse_args()
@@ -56,7 +57,7 @@ def main() -> None:
     rows = []
     for seed in [int(s) for s in args.seeds.split(",")]:
         started = time.perf_counter()
-        demo = Demo(DemoConfig(out=str(out / f"seed{seed}"), seed=seed, quick=args.quick))
+        demo = Demo(DemoConfig(out=str(out / f"seed{seed}"), model=args.model, seed=seed, quick=args.quick))
         results = demo.run()
         rewards = policy_rewards(demo)
         for name in POLICIES:

@@ -2,7 +2,8 @@
 
 In order: a synthetic world; its BM25 index; the retrieval service and the reward server (lexical
 judge) as real local processes on free ports; cold-start trajectories from the world's scripted
-teacher (Algorithm 1) and SFT data (Algorithm 2); a tiny policy from the model factory;
+teacher (Algorithm 1) and SFT data (Algorithm 2); the policy (by default a tiny one from the
+model factory; ``--model smollm2-135m-instruct`` a real instruct model, with its own recipe);
 evaluation of the untrained policy; SFT; evaluation; PPO with a critic and GAE; evaluation; and
 ``report.html`` with the before/after table, the training curves and the trajectory browser.
 
@@ -37,7 +38,7 @@ DEMO_FILE = "demo.json"
 
 @dataclass(frozen=True)
 class Budget:
-    """How much of everything: the full demo (about 11 minutes on 2 cores) or ``--quick`` (under 3)."""
+    """How much of everything one demo run does."""
 
     entities: int
     coldstart_questions: int  # train questions the scripted teacher answers (0: all); about 60% are kept
@@ -48,8 +49,22 @@ class Budget:
     eval_questions: int  # dev questions per evaluation
 
 
-BUDGETS = {
-    "full": Budget(
+@dataclass(frozen=True)
+class Recipe:
+    """How the demo trains one kind of policy: its budgets (full and ``--quick``) and optimiser settings.
+
+    A random tiny model needs a large learning rate and many epochs to learn the protocol at all; a
+    pre-trained instruct model needs small steps, and each of its steps costs a hundred times more.
+    """
+
+    full: Budget
+    quick: Budget
+    sft: dict[str, Any]
+    ppo: dict[str, Any]
+
+
+TINY = Recipe(
+    full=Budget(
         entities=2000,
         coldstart_questions=0,
         sft_epochs=4,
@@ -58,7 +73,7 @@ BUDGETS = {
         n_samples_per_prompt=4,
         eval_questions=100,
     ),
-    "quick": Budget(
+    quick=Budget(
         entities=400,
         coldstart_questions=0,
         sft_epochs=3,
@@ -67,13 +82,44 @@ BUDGETS = {
         n_samples_per_prompt=4,
         eval_questions=24,
     ),
-}
+    sft={"lr": 3e-3, "batch_size": 8, "micro_batch_size": 8},
+    ppo={"micro_batch_size": 8, "train_batch_size": 16, "actor_lr": 2e-5, "critic_lr": 1e-3, "critic_warmup": 2},
+)
+PRETRAINED = Recipe(
+    full=Budget(
+        entities=2000,
+        coldstart_questions=160,
+        sft_epochs=2,
+        ppo_iterations=6,
+        rollout_batch_size=4,
+        n_samples_per_prompt=4,
+        eval_questions=50,
+    ),
+    quick=Budget(
+        entities=200,
+        coldstart_questions=16,
+        sft_epochs=1,
+        ppo_iterations=1,
+        rollout_batch_size=2,
+        n_samples_per_prompt=2,
+        eval_questions=4,
+    ),
+    sft={"lr": 2e-5, "batch_size": 8, "micro_batch_size": 2},
+    ppo={"micro_batch_size": 2, "train_batch_size": 16, "actor_lr": 1e-6, "critic_lr": 9e-6, "critic_warmup": 1},
+)
 
 
 @dataclass(frozen=True)
 class DemoConfig:
     out: str = field(default="demo_out", metadata={"help": "folder for everything the demo writes"})
-    quick: bool = field(default=False, metadata={"help": "the same path on a smaller budget (under 3 minutes)"})
+    model: str = field(
+        default="tiny-random",
+        metadata={
+            "help": "the policy: tiny-random (the model factory), smollm2-135m-instruct (a real instruct model, "
+            "r3rag model list), or a local HF model folder"
+        },
+    )
+    quick: bool = field(default=False, metadata={"help": "the same path on a smaller budget"})
     seed: int = field(default=0, metadata={"help": "world, model and training seed"})
     threads: int = field(default=0, metadata={"help": "torch CPU threads (0: torch's default)"})
     sft_epochs: int = field(default=0, metadata={"help": "override the budget's SFT epochs (0: keep)"})
@@ -81,12 +127,23 @@ class DemoConfig:
     eval_questions: int = field(default=0, metadata={"help": "override the budget's dev questions (0: keep)"})
 
     def __post_init__(self) -> None:
+        from r3_env.model_registry import MODELS
+
         if min(self.threads, self.sft_epochs, self.ppo_iterations, self.eval_questions) < 0:
             raise ValueError("threads and the overrides must be 0 or more")
+        if self.model not in MODELS and not (Path(self.model) / "config.json").is_file():
+            raise ValueError(
+                f"model: {self.model!r} is neither a registry model ({', '.join(MODELS)}) nor a local HF model "
+                "folder with a config.json; the demo never downloads one"
+            )
+
+    @property
+    def recipe(self) -> Recipe:
+        return TINY if self.model == "tiny-random" else PRETRAINED
 
     @property
     def budget(self) -> Budget:
-        budget = BUDGETS["quick" if self.quick else "full"]
+        budget = self.recipe.quick if self.quick else self.recipe.full
         overrides = {
             key: getattr(self, key) for key in ("sft_epochs", "ppo_iterations", "eval_questions") if getattr(self, key)
         }
@@ -212,11 +269,22 @@ class Demo:
         return folder / "trajectories.jsonl"
 
     def policy(self, world: Path) -> Path:
+        from r3_env.model_registry import MODELS, get_model
         from r3_env.train.model_factory import TinyModelConfig, build_tiny_policy
 
-        folder = self.out / "policy0"
-        with self.stage("model", "5a. tiny policy (BPE tokenizer on the world, random Qwen2)"):
-            build_tiny_policy(world, folder, TinyModelConfig(**MODEL, seed=self.config.seed))
+        model = self.config.model
+        if model == "tiny-random":
+            folder = self.out / "policy0"
+            with self.stage("model", "5a. tiny policy (BPE tokenizer on the world, random Qwen2)"):
+                build_tiny_policy(world, folder, TinyModelConfig(**MODEL, seed=self.config.seed))
+        elif model in MODELS:
+            folder = self.out / "policy0"
+            with self.stage("model", f"5a. {model} (r3rag model get)"):
+                get_model(model, folder)
+        else:
+            folder = Path(model)
+            with self.stage("model", f"5a. the policy in {folder}"):
+                pass
         self.paths["policy0"] = folder
         return folder
 
@@ -244,24 +312,14 @@ class Demo:
             "seed": self.config.seed,
             "threads": self.config.threads,
             "model": {"policy": str(policy)},
-            "sft": {
-                "data": str(sft_data),
-                "epochs": budget.sft_epochs,
-                "lr": 3e-3,
-                "batch_size": 8,
-                "micro_batch_size": 8,
-            },
+            "sft": {"data": str(sft_data), "epochs": budget.sft_epochs, **self.config.recipe.sft},
             "ppo": {
                 "prompts": str(world / "train.jsonl"),
                 "iterations": budget.ppo_iterations,
                 "rollout_batch_size": budget.rollout_batch_size,
                 "n_samples_per_prompt": budget.n_samples_per_prompt,
-                "micro_batch_size": 8,
-                "train_batch_size": 16,
-                "actor_lr": 2e-5,
-                "critic_lr": 1e-3,
-                "critic_warmup": 2,
                 "max_len": 3072,
+                **self.config.recipe.ppo,
             },
             "env": ENV,
             "reward": {"scheme": "r3"},
@@ -357,7 +415,7 @@ def format_summary(demo: Demo, results: dict[str, Any]) -> str:
         return "-" if value is None else f"{100 * value:.1f}"
 
     lines = [
-        f"r3rag demo ({'quick' if demo.config.quick else 'full'}, seed {demo.config.seed}): "
+        f"r3rag demo ({demo.config.model}, {'quick' if demo.config.quick else 'full'}, seed {demo.config.seed}): "
         f"{demo.budget.eval_questions} dev questions per evaluation",
         f"  {'policy':<11}{'ACC':>7}{'EM':>7}{'F1':>7}{'answered':>10}{'steps':>7}{'docs':>7}{'recall':>8}{'full':>7}",
     ]

