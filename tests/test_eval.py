@@ -221,7 +221,14 @@ def test_a_run_resumes_against_the_same_index_on_another_port(eval_world, eval_t
     with ServiceProcess(["retriever", "serve", "--config", eval_world["retriever"]]) as second:
         assert second.url != first.url
         run(second.url, 2)
-    assert len((tmp_path / "r" / "predictions.jsonl").read_text().splitlines()) == 2
+        # a run.json of an older r3rag knew the service by its URL: upgraded, with a warning, and resumed
+        old = {**recorded, "retriever": "service", "retrieval": {"url": first.url, "config": ""}}
+        (tmp_path / "r" / "run.json").write_text(json.dumps(old))
+        run(second.url, 3)
+        assert json.loads((tmp_path / "r" / "run.json").read_text()) == recorded
+    assert len((tmp_path / "r" / "predictions.jsonl").read_text().splitlines()) == 3
+    with pytest.raises(ValueError, match=r"retrieval.url: no retrieval service answers at .*r3rag retriever serve"):
+        run(second.url, 4)  # stopped
 
     other = yaml.safe_load(Path(eval_world["retriever"]).read_text())
     elsewhere = tmp_path / "elsewhere"
@@ -229,7 +236,7 @@ def test_a_run_resumes_against_the_same_index_on_another_port(eval_world, eval_t
     (tmp_path / "other.yaml").write_text(yaml.safe_dump({**other, "index_path": str(elsewhere)}))
     with ServiceProcess(["retriever", "serve", "--config", str(tmp_path / "other.yaml")]) as moved:  # another index
         with pytest.raises(ValueError, match=r"retrieval.service.index_path: .*choose another --out"):
-            run(moved.url, 3)
+            run(moved.url, 4)
 
 
 def _eval_command(world, model, out, questions: int) -> list[str]:

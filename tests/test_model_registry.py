@@ -67,6 +67,21 @@ def test_a_missing_wheel_names_the_exact_install_command(monkeypatch, tmp_path, 
     assert "Traceback" not in error and not (tmp_path / "m").exists()
 
 
+def test_a_failed_conversion_leaves_the_folder_as_it_was(monkeypatch, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", fail)
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "notes.txt").write_text("mine")
+    with pytest.raises(OSError, match="disk full"):
+        get_model("smollm2-135m-instruct", tmp_path / "m", overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no staging or set-aside folder left
+    assert [p.name for p in (tmp_path / "m").iterdir()] == ["notes.txt"]
+
+
 def test_the_pin_is_the_one_setup_installs():
     pins = dict(re.findall(r"^([\w-]+)==(\S+)$", (ROOT / "requirements" / "nodeps.txt").read_text(), re.M))
     assert pins[SMOLLM2.package] == SMOLLM2.version

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+from pathlib import Path
+from typing import Any
 
 from r3_env.config import add_config_command, configs_from_args
 from r3_env.retrieval.client import API_KEY_ENV
@@ -65,6 +67,38 @@ def load_serve_configs(args: argparse.Namespace) -> tuple[RetrieverConfig, Servi
     return retriever, service
 
 
+# What changes a service's results (its /health reports them; an eval run is known by them). Speed
+# and placement settings (batch size, fp16, device, faiss_gpu) and the default top-k are left out.
+RESULT_KEYS = (
+    "retrieval_method",
+    "index_path",
+    "corpus_path",
+    "retrieval_model_path",
+    "retrieval_pooling_method",
+    "retrieval_query_max_length",
+    "instruction",
+    "use_sentence_transformer",
+    "faiss_nprobe",
+    "bm25_backend",
+    "bm25_index_path",
+    "dense_method",
+    "rrf_k",
+    "hybrid_depth",
+)
+PATH_KEYS = ("index_path", "corpus_path", "bm25_index_path")
+
+
+def describe_retriever(config: RetrieverConfig) -> dict[str, Any]:
+    """The settings of ``config`` that change what it retrieves, local paths made absolute."""
+    described = {key: getattr(config, key) for key in RESULT_KEYS}
+    for key in PATH_KEYS:
+        if described[key]:
+            described[key] = str(Path(described[key]).resolve())
+    if Path(described["retrieval_model_path"] or "/nonexistent").exists():
+        described["retrieval_model_path"] = str(Path(described["retrieval_model_path"]).resolve())
+    return described
+
+
 def run_serve(args: argparse.Namespace) -> int:
     import logging
 
@@ -74,7 +108,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     retriever_config, service_config = load_serve_configs(args)
     retriever = load_retriever(retriever_config)  # a bad path or index fails here, before the port opens
-    describe = {"retrieval_method": retriever_config.retrieval_method, "index_path": retriever_config.index_path}
+    describe = describe_retriever(retriever_config)
     if hasattr(retriever, "__len__"):
         describe["documents"] = len(retriever)
     app = create_app(retriever, retriever_config.retrieval_topk, service_config, describe)
