@@ -93,7 +93,7 @@ PRETRAINED = Recipe(
         ppo_iterations=6,
         rollout_batch_size=4,
         n_samples_per_prompt=4,
-        eval_questions=50,
+        eval_questions=30,  # about 15 s a question for SmolLM2 on 2 cores
     ),
     quick=Budget(
         entities=200,
