@@ -131,13 +131,13 @@ class DemoConfig:
 
         if min(self.threads, self.sft_epochs, self.ppo_iterations, self.eval_questions) < 0:
             raise ValueError("threads and the overrides must be 0 or more")
-        if self.model not in MODELS and (Path(self.model) / "config.json").is_file():
+        if self.model not in MODELS:
+            if not (Path(self.model) / "config.json").is_file():
+                raise ValueError(
+                    f"model: {self.model!r} is neither a registry model ({', '.join(MODELS)}) nor a local HF model "
+                    "folder with a config.json; the demo never downloads one"
+                )
             object.__setattr__(self, "model", str(Path(self.model).resolve()))  # a rerun from elsewhere finds it
-        elif self.model not in MODELS:
-            raise ValueError(
-                f"model: {self.model!r} is neither a registry model ({', '.join(MODELS)}) nor a local HF model "
-                "folder with a config.json; the demo never downloads one"
-            )
 
     @property
     def recipe(self) -> Recipe:

@@ -289,13 +289,13 @@ def upgrade_manifest(path: Path, settings: dict[str, Any]) -> None:
     if not isinstance(retrieval, dict) or "url" not in retrieval:
         return
     url = retrieval.pop("url")
-    current = settings.get("retrieval") or {}
-    retrieval["service"] = current.get("service") if url else None
-    if url and old.get("retriever") == "service":
-        old["retriever"] = settings["retriever"]
+    retrieval["service"] = None
     if url:
         logger.warning("%s knew the retrieval service by its URL (%s); taking the one now given to serve the same "
                        "index", path, url)  # fmt: skip
+        retrieval["service"] = (settings.get("retrieval") or {}).get("service")
+        if old.get("retriever") == "service":
+            old["retriever"] = settings["retriever"]
     path.write_text(json.dumps(old, indent=2) + "\n")
 
 

@@ -21,6 +21,7 @@ import json
 import logging
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,8 +107,6 @@ def convert_gguf(source: GGUFSource, name: str, out: Path, overwrite: bool = Fal
     if out.exists() and any(out.iterdir()) and not overwrite:
         made_from = f"was made from {existing['source']}" if existing else "is not a model this registry made"
         raise FileExistsError(f"{out} {made_from}; choose another --out, or pass --overwrite to replace it with {name}")
-    import time
-
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     started = time.perf_counter()

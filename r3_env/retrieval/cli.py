@@ -94,8 +94,9 @@ def describe_retriever(config: RetrieverConfig) -> dict[str, Any]:
     for key in PATH_KEYS:
         if described[key]:
             described[key] = str(Path(described[key]).resolve())
-    if Path(described["retrieval_model_path"] or "/nonexistent").exists():
-        described["retrieval_model_path"] = str(Path(described["retrieval_model_path"]).resolve())
+    model = described["retrieval_model_path"]
+    if model and Path(model).exists():  # a local encoder folder; a hub name stays as given
+        described["retrieval_model_path"] = str(Path(model).resolve())
     return described
 
 
