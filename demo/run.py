@@ -50,7 +50,7 @@ class Budget:
 
 
 @dataclass(frozen=True)
-class Recipe:
+class ModelRecipe:
     """How the demo trains one kind of policy: its budgets (full and ``--quick``) and optimiser settings.
 
     A random tiny model needs a large learning rate and many epochs to learn the protocol at all; a
@@ -63,7 +63,7 @@ class Recipe:
     ppo: dict[str, Any]
 
 
-TINY = Recipe(
+TINY = ModelRecipe(
     full=Budget(
         entities=2000,
         coldstart_questions=0,
@@ -85,7 +85,7 @@ TINY = Recipe(
     sft={"lr": 3e-3, "batch_size": 8, "micro_batch_size": 8},
     ppo={"micro_batch_size": 8, "train_batch_size": 16, "actor_lr": 2e-5, "critic_lr": 1e-3, "critic_warmup": 2},
 )
-PRETRAINED = Recipe(
+PRETRAINED = ModelRecipe(
     full=Budget(
         entities=2000,
         coldstart_questions=160,
@@ -110,6 +110,35 @@ PRETRAINED = Recipe(
 
 
 @dataclass(frozen=True)
+class Method:
+    """Which method the demo trains: its step format, reward scheme and RL algorithm (a recipe, not a fork)."""
+
+    step_format: str
+    reward: dict[str, Any]
+    ppo: dict[str, Any]
+    title: str  # the RL stage, as the demo logs it
+    stage_switch: float | None = None  # share of the PPO iterations after which a staged reward's stage 2 starts
+    # also evaluate the RL policy answering without retrieval, for the report's answer categories
+    no_retrieval_eval: bool = False
+
+
+METHODS = {
+    # R3-RAG: labelled sections, relevance x outcome process rewards, PPO with a critic and GAE
+    "r3": Method(step_format="r3", reward={"scheme": "r3"}, ppo={}, title="PPO (critic, GAE, per-step rewards)"),
+    # Learning when to search: tags, the staged retrieval-cost reward (stage 2 from half-way), DAPO's
+    # group-normalised advantages with clip-higher and no KL (launch/dapo_lws.sh on a cluster)
+    "lws": Method(
+        step_format="tags",
+        reward={"scheme": "lws", "placement": "scalar"},
+        ppo={"estimator": "group_norm", "eps_clip_high": 0.28, "init_kl_coef": 0.0, "critic_warmup": 0},
+        title="RL (group-normalised advantages, clip-higher, staged retrieval-cost reward)",
+        stage_switch=0.5,
+        no_retrieval_eval=True,
+    ),
+}
+
+
+@dataclass(frozen=True)
 class DemoConfig:
     out: str = field(default="demo_out", metadata={"help": "folder for everything the demo writes"})
     model: str = field(
@@ -118,6 +147,13 @@ class DemoConfig:
             "help": "the policy: tiny-random (the model factory), smollm2-135m-instruct (a real instruct model, "
             "r3rag model list), or a local HF model folder"
         },
+    )
+    recipe: str = field(
+        default="r3",
+        metadata={"help": "the method: r3 (R3-RAG) or lws (Learning when to search: tags, staged RC reward, DAPO)"},
+    )
+    scheme: str = field(
+        default="", metadata={"help": "override the recipe's reward scheme (e.g. outcome, the ablation; '': keep)"}
     )
     quick: bool = field(default=False, metadata={"help": "the same path on a smaller budget"})
     seed: int = field(default=0, metadata={"help": "world, model and training seed"})
@@ -131,6 +167,12 @@ class DemoConfig:
 
         if min(self.threads, self.sft_epochs, self.ppo_iterations, self.eval_questions) < 0:
             raise ValueError("threads and the overrides must be 0 or more")
+        if self.recipe not in METHODS:
+            raise ValueError(f"recipe: {self.recipe!r} is not one of {', '.join(METHODS)}")
+        if self.scheme:
+            from r3_env.rewards import get_scheme
+
+            get_scheme(self.scheme)  # a ValueError naming the schemes there are
         if self.model not in MODELS:
             if not (Path(self.model) / "config.json").is_file():
                 raise ValueError(
@@ -140,7 +182,11 @@ class DemoConfig:
             object.__setattr__(self, "model", str(Path(self.model).resolve()))  # a rerun from elsewhere finds it
 
     @property
-    def recipe(self) -> Recipe:
+    def method(self) -> Method:
+        return METHODS[self.recipe]
+
+    @property
+    def model_recipe(self) -> ModelRecipe:
         """TINY for the factory's models (by name, or a folder it wrote), PRETRAINED for the rest."""
         from r3_env.train.model_factory import FACTORY_FILE
 
@@ -149,7 +195,7 @@ class DemoConfig:
 
     @property
     def budget(self) -> Budget:
-        budget = self.recipe.quick if self.quick else self.recipe.full
+        budget = self.model_recipe.quick if self.quick else self.model_recipe.full
         overrides = {
             key: getattr(self, key) for key in ("sft_epochs", "ppo_iterations", "eval_questions") if getattr(self, key)
         }
@@ -197,6 +243,8 @@ class Demo:
             return
         previous = json.loads(record.read_text()).get("config") or {}
         previous.setdefault("model", "tiny-random")  # demos recorded before --model existed
+        previous.setdefault("recipe", "r3")  # and before --recipe and --scheme
+        previous.setdefault("scheme", "")
         if previous == dataclasses.asdict(self.config):
             return
         if not overwrite:
@@ -268,6 +316,7 @@ class Demo:
                 out=str(folder),
                 samples=1,
                 max_questions=self.budget.coldstart_questions,
+                step_format=self.config.method.step_format,
             )
             asyncio.run(
                 synthesize(config, EnvConfig(**ENV), TeacherConfig(kind="scripted"), RetrievalSource(url=retriever_url))
@@ -283,7 +332,8 @@ class Demo:
         if model == "tiny-random":
             folder = self.out / "policy0"
             with self.stage("model", "5a. tiny policy (BPE tokenizer on the world, random Qwen2)"):
-                build_tiny_policy(world, folder, TinyModelConfig(**MODEL, seed=self.config.seed))
+                sizes = TinyModelConfig(**MODEL, seed=self.config.seed, step_format=self.config.method.step_format)
+                build_tiny_policy(world, folder, sizes)
         elif model in MODELS:
             folder = self.out / "policy0"
             with self.stage("model", f"5a. {model} (r3rag model get)"):
@@ -303,38 +353,53 @@ class Demo:
             if not out.is_file():
                 build_sft_data(
                     SFTDataConfig(
-                        input=str(trajectories), out=str(out), tokenizer=str(policy), doc_chars=ENV["doc_chars"]
+                        input=str(trajectories),
+                        out=str(out),
+                        tokenizer=str(policy),
+                        doc_chars=ENV["doc_chars"],
+                        step_format=self.config.method.step_format,
                     )
                 )
         return out
 
-    def train_config(self, policy: Path, sft_data: Path, world: Path, retriever: str, reward: str) -> Any:
+    def train_config(self, policy: Path, sft_data: Path, world: Path, retriever_url: str, reward_url: str) -> Any:
         from r3_env.config import configs_from_values
         from r3_env.train.config import SECTIONS
         from r3_env.train.local import LocalTrainConfig
 
-        budget = self.budget
+        budget, method = self.budget, self.config.method
+        reward = dict(method.reward)
+        reward["scheme"] = self.config.scheme or reward["scheme"]
+        if method.stage_switch is not None and reward["scheme"] == method.reward["scheme"]:
+            from r3_env.model_registry import offline_minilm_path
+
+            switch = round(method.stage_switch * budget.ppo_iterations)
+            reward.update(options={"switch_step": switch}, query_encoder=offline_minilm_path())
         values = {
             "out": str(self.out / "train"),
             "seed": self.config.seed,
             "threads": self.config.threads,
             "model": {"policy": str(policy)},
-            "sft": {"data": str(sft_data), "epochs": budget.sft_epochs, **self.config.recipe.sft},
+            "sft": {"data": str(sft_data), "epochs": budget.sft_epochs, **self.config.model_recipe.sft},
             "ppo": {
                 "prompts": str(world / "train.jsonl"),
                 "iterations": budget.ppo_iterations,
                 "rollout_batch_size": budget.rollout_batch_size,
                 "n_samples_per_prompt": budget.n_samples_per_prompt,
                 "max_len": 3072,
-                **self.config.recipe.ppo,
+                **self.config.model_recipe.ppo,
+                **method.ppo,
             },
             "env": ENV,
-            "reward": {"scheme": "r3"},
-            "services": {"retriever_url": retriever, "reward_url": reward},
+            "reward": reward,
+            "policy": {"step_format": method.step_format},
+            "services": {"retriever_url": retriever_url, "reward_url": reward_url},
         }
         return LocalTrainConfig.from_sections(*configs_from_values(values, SECTIONS, where="demo"))
 
-    def evaluate(self, name: str, policy: Path, world: Path, retriever: str, reward: str) -> dict[str, Any]:
+    def evaluate(
+        self, name: str, policy: Path, world: Path, retriever: str, reward: str, method: str = "r3"
+    ) -> dict[str, Any]:
         from eval.engines import EngineConfig, GenerationConfig
         from eval.run import EvalRunConfig, run_eval
         from eval.score import ScoreConfig, score_run
@@ -348,6 +413,8 @@ class Demo:
             name=name,
             max_questions=self.budget.eval_questions,
             concurrency=32,
+            step_format=self.config.method.step_format,
+            method=method,
         )
         retrieval = RetrievalSource(url=retriever)
         asyncio.run(
@@ -394,10 +461,14 @@ class Demo:
                 sft_policy = train_local(config, stages=("sft",))["sft"]
             with self.stage("eval_sft", "7. evaluate the SFT policy"):
                 results["sft"] = _summary(self.evaluate("sft", sft_policy, world, retriever.url, reward.url))
-            with self.stage("ppo", "8. PPO (critic, GAE, per-step rewards) from the SFT policy"):
+            with self.stage("ppo", f"8. {self.config.method.title} from the SFT policy"):
                 ppo_policy = train_local(config)["ppo"]
             with self.stage("eval_ppo", "9. evaluate the PPO policy"):
                 results["ppo"] = _summary(self.evaluate("ppo", ppo_policy, world, retriever.url, reward.url))
+            if self.config.method.no_retrieval_eval:
+                with self.stage("eval_ppo_direct", "9b. evaluate the PPO policy answering without retrieval"):
+                    scores = self.evaluate("ppo_direct", ppo_policy, world, retriever.url, reward.url, "direct")
+                    results["ppo_direct"] = _summary(scores)
         finally:
             retriever.stop()
             reward.stop()
@@ -411,7 +482,7 @@ class Demo:
 def _summary(scores: dict[str, Any]) -> dict[str, Any]:
     """The headline numbers of one scored run (the average over its datasets)."""
     final = scores["average"]["final"]
-    keys = ("acc", "em", "f1", "answered", "avg_steps", "avg_docs", "recall", "full_recall")
+    keys = ("acc", "em", "f1", "answered", "avg_steps", "avg_retrievals", "avg_docs", "recall", "full_recall")
     return {key: final.get(key) for key in keys}
 
 
@@ -422,13 +493,16 @@ def format_summary(demo: Demo, results: dict[str, Any]) -> str:
         return "-" if value is None else f"{100 * value:.1f}"
 
     lines = [
-        f"r3rag demo ({demo.config.model}, {'quick' if demo.config.quick else 'full'}, seed {demo.config.seed}): "
+        f"r3rag demo ({demo.config.model}, {demo.config.recipe} recipe, {'quick' if demo.config.quick else 'full'}, "
+        f"seed {demo.config.seed}): "
         f"{demo.budget.eval_questions} dev questions per evaluation",
-        f"  {'policy':<11}{'ACC':>7}{'EM':>7}{'F1':>7}{'answered':>10}{'steps':>7}{'docs':>7}{'recall':>8}{'full':>7}",
+        f"  {'policy':<11}{'ACC':>7}{'EM':>7}{'F1':>7}{'RC':>6}{'answered':>10}{'steps':>7}{'docs':>7}"
+        f"{'recall':>8}{'full':>7}",
     ]
     for name, m in results.items():
         lines.append(
-            f"  {name:<11}{pct(m['acc']):>7}{pct(m['em']):>7}{pct(m['f1']):>7}{pct(m['answered']):>10}"
+            f"  {name:<11}{pct(m['acc']):>7}{pct(m['em']):>7}{pct(m['f1']):>7}{m.get('avg_retrievals') or 0:>6.2f}"
+            f"{pct(m['answered']):>10}"
             f"{m['avg_steps']:>7.2f}{m['avg_docs']:>7.1f}{pct(m['recall']):>8}{pct(m['full_recall']):>7}"
         )
     from r3_env.train.metrics import read_metrics

@@ -43,6 +43,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     report.add_argument("dir", help="a folder of evaluation runs (or one run)")
     report.add_argument("--out", default="", help="where to write the report (default: DIR)")
     report.add_argument("--training", default="", help="a `r3rag train local` run folder: add its training curves")
+    report.add_argument(
+        "--baseline",
+        action="append",
+        default=[],
+        metavar="RUN",
+        help="a run without retrieval (its folder under DIR, name or label) that the answer categories compare the "
+        "other runs with; repeat for one per model (default: each run's model's run without retrieval, if one)",
+    )
     report.set_defaults(func=run_report)
     add_config_command(
         actions,
@@ -100,7 +108,8 @@ def run_report(args: argparse.Namespace) -> int:
     training = Path(args.training) if args.training else None
     if training is not None and not (training / "metrics.jsonl").is_file():
         raise FileNotFoundError(f"--training {training} has no metrics.jsonl: give the --out of `r3rag train local`")
-    paths = write_report(Path(args.dir), Path(args.out) if args.out else None, training=training)
+    out = Path(args.out) if args.out else None
+    paths = write_report(Path(args.dir), out, training=training, baselines=args.baseline)
     for path in paths.values():
         print(path)
     return 0

@@ -165,7 +165,7 @@ class FlashRAGMethod(Method):
                     f"method {self.name} builds its prompts with the model's tokenizer and reads token probabilities: "
                     "use --engine.kind hf or vllm with a local model"
                 )
-            new_tokens = min(ctx.env.max_step_tokens, DEFAULT_NEW_TOKENS)
+            new_tokens = min(ctx.env.step_budget, DEFAULT_NEW_TOKENS)
             generator, retriever = _Generator(engine, new_tokens), _Retriever(ctx.env.topk)
             ctx.cache[key] = _build(self.pipeline, _config(engine, new_tokens), retriever, generator, ctx)
         return ctx.cache[key]

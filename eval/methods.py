@@ -71,9 +71,7 @@ class StepByStep(Method):
             renderer = ctx.cache[("renderer", step_format)] = ctx.engine.renderer(step_format, ctx.env.doc_chars)
         env = RetrievalEnv(ctx.env, renderer, ctx.search, item.question)
         stop = renderer.format.stop_strings()
-        usage = await play(
-            env, renderer, lambda messages, _turns: ctx.engine.chat(messages, ctx.env.max_step_tokens, stop)
-        )
+        usage = await play(env, renderer, lambda messages, _turns: ctx.engine.chat(messages, ctx.env.step_budget, stop))
         return {
             **episode_fields(env),
             "prediction": clean_answer(env.answer or ""),
@@ -103,7 +101,7 @@ class AnswerOnce(Method):
             user += "\n\n" + fmt.render_documents(documents, 1, ctx.env.doc_chars)
             steps.append({"analysis": "", "query": item.question, "documents": [p.to_json() for p in documents]})
         messages = opening_messages(fmt.answer_only_prompt(self.with_documents), user, ctx.engine.system_in_user)
-        reply = await ctx.engine.chat(messages, ctx.env.max_step_tokens)
+        reply = await ctx.engine.chat(messages, ctx.env.step_budget)
         try:
             step = fmt.parse_step(reply.text)
             if not step.is_final:  # asked to answer, it searched: nothing final to read

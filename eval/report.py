@@ -1,16 +1,18 @@
 """``r3rag eval report DIR``: every scored run under DIR as tables, sweep plots and a trajectory browser.
 
 - ``report.md`` / ``report.json``: the paper's layout (rows: method and retriever; columns:
-  datasets x ACC/F1/EM, then the Average), a retrieval table, and the two sweep curves
-  (accuracy vs max steps: each run's step cutoffs; accuracy vs top-k: runs alike in all but
-  ``env.topk``), per dataset and on average;
-- ``report.html``: one self-contained page (no network): the same tables, both curves as inline
-  SVG, and a trajectory browser filtered by run, dataset, verdict and step count, with gold
-  documents marked. Text from datasets and models is untrusted: Python escapes what it writes
-  into HTML, the embedded JSON cannot close its <script>, and the page's script sets
-  ``textContent`` only.
+  datasets x ACC/F1/EM/RC, then the Average; RC is retrievals per question), a retrieval table,
+  the answer categories of each run with retrieval against one without
+  (:mod:`eval.report_categories`), and the two sweep curves (accuracy vs max steps: each run's
+  step cutoffs; accuracy vs top-k: runs alike in all but ``env.topk``), per dataset and on average;
+- ``report.html``: one self-contained page (no network): the same tables, the categories and
+  both curves as inline SVG, and a trajectory browser filtered by run, dataset, verdict and step
+  count, with gold documents marked. Text from datasets and models is untrusted: Python escapes
+  what it writes into HTML, the embedded JSON cannot close its <script>, and the page's script
+  sets ``textContent`` only.
 
-Accuracy in the curves is ACC when every run was judged, else EM (the headings say which).
+Accuracy in the curves and correctness in the categories is ACC when every run was judged, else
+EM (the headings say which).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import json
 import logging
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +32,7 @@ from r3_env.data import Passage, iter_jsonl
 
 logger = logging.getLogger(__name__)
 
-ANSWER_COLUMNS = (("acc", "ACC"), ("f1", "F1"), ("em", "EM"))
+ANSWER_COLUMNS = (("acc", "ACC"), ("f1", "F1"), ("em", "EM"), ("avg_retrievals", "RC"))  # RC: retrievals per question
 RETRIEVAL_COLUMNS = (
     ("recall", "Recall"),
     ("full_recall", "Full-Recall"),
@@ -37,7 +40,7 @@ RETRIEVAL_COLUMNS = (
     ("avg_docs", "docs"),
     ("avg_steps", "steps"),
 )
-COUNT_KEYS = frozenset({"avg_docs", "avg_steps"})  # averages shown as they are, not as percentages
+COUNT_DECIMALS = {"avg_docs": 1, "avg_steps": 1, "avg_retrievals": 2}  # averages shown as they are, not in %
 AVERAGE = "average"
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f")
 DOC_CHARS = 2000  # document text kept per retrieved passage in the page (the page shows 300, more on request)
@@ -62,6 +65,15 @@ class Run:
     @property
     def topk(self) -> int | None:
         return self.env.get("topk")
+
+    @property
+    def retrieves(self) -> bool:
+        """False for a method that retrieves nothing (retriever "none", e.g. direct).
+
+        A policy that could retrieve but chose not to (RC 0) still counts as a run with retrieval:
+        what the categories compare is retrieval being available.
+        """
+        return self.info.get("retriever") != "none"
 
     def cell(self, dataset: str) -> dict[str, Any] | None:
         """The final-cutoff metrics of ``dataset`` (or of the average), None when the run lacks it."""
@@ -198,8 +210,13 @@ def topk_curves(runs: list[Run], groups: list[str], metric: str) -> list[dict[st
     return curves
 
 
-def build_tables(runs: list[Run]) -> dict[str, Any]:
-    """The report's content as data: what report.json holds and both renderings read."""
+def build_tables(runs: list[Run], root: Path, baselines: Sequence[str] = ()) -> dict[str, Any]:
+    """The report's content as data: what report.json holds and both renderings read.
+
+    ``baselines``: the runs without retrieval to pair the others with (see :mod:`eval.report_categories`).
+    """
+    from eval.report_categories import answer_categories
+
     datasets = _datasets(runs)
     groups = [*datasets, AVERAGE]
     metric = curve_metric(runs)
@@ -210,6 +227,7 @@ def build_tables(runs: list[Run]) -> dict[str, Any]:
         "runs": [_run_summary(run) for run in runs],
         "main": [_row(run, groups, ANSWER_COLUMNS) for run in runs],
         "retrieval": [_row(run, groups, RETRIEVAL_COLUMNS) for run in with_recall],
+        "categories": answer_categories(runs, root, datasets, metric, baselines),
         "steps_curves": steps_curves(runs, groups, metric),
         "topk_curves": topk_curves(runs, groups, metric),
     }
@@ -218,7 +236,7 @@ def build_tables(runs: list[Run]) -> dict[str, Any]:
 def _fmt(key: str, value: float | None) -> str:
     if value is None:
         return "–"
-    return f"{value:.1f}" if key in COUNT_KEYS else f"{100 * value:.1f}"
+    return f"{value:.{COUNT_DECIMALS[key]}f}" if key in COUNT_DECIMALS else f"{100 * value:.1f}"
 
 
 def _cells(row: dict[str, Any], groups: list[str], columns: tuple) -> list[str]:
@@ -249,12 +267,15 @@ def _md_curves(curves: list[dict[str, Any]], name_key: str, group: str) -> list[
 
 
 def render_markdown(tables: dict[str, Any]) -> str:
+    from eval.report_categories import categories_markdown
+
     datasets, metric = tables["datasets"], tables["metric"].upper()
-    lines = ["# Evaluation report", "", "## Answers (ACC / F1 / EM, %)", ""]
+    lines = ["# Evaluation report", "", "## Answers (ACC / F1 / EM in %; RC: retrievals per question)", ""]
     lines += _md_scores(tables["main"], datasets, ANSWER_COLUMNS)
     if tables["retrieval"]:
         lines += ["", "## Retrieval (Recall / Full-Recall / mAP in %; documents read and steps per question)", ""]
         lines += _md_scores(tables["retrieval"], datasets, RETRIEVAL_COLUMNS)
+    lines += categories_markdown(tables["categories"], datasets)
     views = [AVERAGE, *datasets] if len(datasets) > 1 else [AVERAGE]  # one dataset: its curve is the average
     for group in views:
         where = "average over datasets" if group == AVERAGE else group
@@ -301,11 +322,16 @@ def _tick(value: float, step: float) -> str:
 
 
 def svg_chart(
-    series: list[tuple[str, str, list[list[float]]]], x_label: str, y_label: str, percent: bool = True
+    series: list[tuple[str, str, list[list[float]]]],
+    x_label: str,
+    y_label: str,
+    percent: bool = True,
+    markers: Sequence[tuple[float, str]] = (),
 ) -> str:
     """A line chart as inline SVG: axes, ticks and grid, one polyline with dots per (name, colour, points).
 
     ``percent``: values are shares in [0, 1] drawn in % from zero; otherwise the axis spans the values.
+    ``markers``: (x, label) of dashed vertical lines, drawn where x lies within the curves' range.
     """
     width, height, left, top, plot_w, plot_h = 600, 300, 64, 14, 520, 242  # room for tick labels like 0.0125
     points = [(x, y) for _, _, values in series for x, y in values if y is not None]
@@ -346,6 +372,12 @@ def svg_chart(
         f'<text transform="translate(14 {top + plot_h / 2}) rotate(-90)" text-anchor="middle" class="axis-label">'
         f"{_e(y_label)}</text>"
     )
+    for x, label in markers:
+        if xs[0] <= x <= xs[-1]:
+            parts.append(
+                f'<line x1="{px(x):.1f}" y1="{top}" x2="{px(x):.1f}" y2="{bottom}" class="marker"/>'
+                f'<text x="{px(x) + 4:.1f}" y="{top + 10}" class="marker-label">{_e(label)}</text>'
+            )
     dots = max(len(values) for _, _, values in series) <= 60  # long curves (SFT steps): lines only
     for name, color, values in series:
         kept = [(x, y) for x, y in values if y is not None]
@@ -477,7 +509,9 @@ def _trajectory_section(runs: list[Run], max_questions_per_run: int) -> str:
 
 
 def render_html(tables: dict[str, Any], runs: list[Run], max_questions_per_run: int = 2000, training: str = "") -> str:
-    """The self-contained page: tables, the two sweep plots, the training curves (when given), the trajectories."""
+    """The self-contained page: tables, answer categories, the two sweep plots, training curves, trajectories."""
+    from eval.report_categories import categories_html
+
     datasets, metric = tables["datasets"], tables["metric"].upper()
     why = "every run was judged" if metric == "ACC" else "not every run was judged, so EM"
     sections = [
@@ -486,7 +520,7 @@ def render_html(tables: dict[str, Any], runs: list[Run], max_questions_per_run: 
         f"accuracy (– where a run had no judge). The plots show {metric} ({why}).</p>",
         "<h2>Runs</h2>",
         _html_runs(tables["runs"]),
-        "<h2>Answers: ACC / F1 / EM</h2>",
+        "<h2>Answers: ACC / F1 / EM, and RC (retrievals per question)</h2>",
         _html_scores("main-table", tables["main"], datasets, ANSWER_COLUMNS),
     ]
     if tables["retrieval"]:
@@ -494,6 +528,7 @@ def render_html(tables: dict[str, Any], runs: list[Run], max_questions_per_run: 
             "<h2>Retrieval: Recall / Full-Recall / mAP, documents read and steps per question</h2>",
             _html_scores("retrieval-table", tables["retrieval"], datasets, RETRIEVAL_COLUMNS),
         ]
+    sections.append(categories_html(tables["categories"], datasets))
     sections.append('<h2>Sweeps</h2><div class="plots">')
     steps_plot = _plot("plot-steps", f"{metric} vs max steps", tables["steps_curves"], "run", "max steps", metric)
     sections.append(steps_plot)
@@ -516,18 +551,23 @@ def render_html(tables: dict[str, Any], runs: list[Run], max_questions_per_run: 
 
 
 def write_report(
-    root: Path, out: Path | None = None, max_questions_per_run: int = 2000, training: Path | None = None
+    root: Path,
+    out: Path | None = None,
+    max_questions_per_run: int = 2000,
+    training: Path | None = None,
+    baselines: Sequence[str] = (),
 ) -> dict[str, Path]:
     """Write report.md, report.json and report.html for the scored runs under ``root`` into ``out`` (default root).
 
-    ``training``: a ``r3rag train local`` run folder whose curves the report shows too.
+    ``training``: a ``r3rag train local`` run folder whose curves the report shows too. ``baselines``: the runs
+    without retrieval that the answer categories pair the others with (default: found by model).
     """
     from eval.report_training import training_charts, training_html, training_markdown
 
     runs = find_runs(root)
     out = out or root
     out.mkdir(parents=True, exist_ok=True)
-    tables = build_tables(runs)
+    tables = build_tables(runs, root, baselines)
     charts = training_charts(training) if training else []
     if charts:
         tables["training"] = charts

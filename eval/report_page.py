@@ -26,6 +26,10 @@ figcaption { font-weight: 600; margin-bottom: 6px; display: flex; gap: 10px; ali
 figcaption select { font-weight: normal; }
 .chart { width: 100%; max-width: 600px; height: auto; font-size: 11px; fill: #333; }
 .chart .axis { stroke: #444; } .chart .grid { stroke: #e8e8e8; } .chart .axis-label { font-size: 12px; }
+.chart .marker { stroke: #6b7280; stroke-dasharray: 5 4; } .chart .marker-label { fill: #4b5563; }
+.chart .group-label { font-weight: 600; font-size: 12px; } .chart .count { fill: #fff; }
+figure.categories { max-width: 640px; }
+#categories-table td:nth-child(-n+3) { text-align: left; white-space: nowrap; }
 .legend { list-style: none; padding: 0; margin: 4px 0 0 52px; display: flex; flex-wrap: wrap; gap: 4px 16px; }
 .legend li { display: flex; align-items: center; gap: 6px; font-size: 12px; }
 .swatch { display: inline-block; width: 16px; height: 4px; border-radius: 2px; }

@@ -239,7 +239,7 @@ def format_scores(scores: dict[str, Any]) -> str:
     run = scores["run"]
     lines = [
         f"{run['name']}: {run['method']} ({run['retriever']}), {run['model']}, judge: {scores['judge'] or 'none'}",
-        f"  {'dataset':<20}{'n':>6}{'ACC':>7}{'EM':>7}{'F1':>7}{'answered':>10}{'steps':>7}{'docs':>7}"
+        f"  {'dataset':<20}{'n':>6}{'ACC':>7}{'EM':>7}{'F1':>7}{'RC':>6}{'answered':>10}{'steps':>7}{'docs':>7}"
         f"{'recall':>8}{'full':>7}{'mAP':>7}",
     ]
     named = [*scores["datasets"].items(), ("average", {"questions": "", "final": scores["average"]["final"]})]
@@ -247,8 +247,8 @@ def format_scores(scores: dict[str, Any]) -> str:
         m = data["final"]
         lines.append(
             f"  {name:<20}{data['questions']!s:>6}{_pct(m['acc']):>7}{_pct(m['em']):>7}{_pct(m['f1']):>7}"
-            f"{_pct(m['answered']):>10}{m['avg_steps']:>7.2f}{m['avg_docs']:>7.1f}{_pct(m['recall']):>8}"
-            f"{_pct(m['full_recall']):>7}{_pct(m['map']):>7}"
+            f"{m['avg_retrievals']:>6.2f}{_pct(m['answered']):>10}{m['avg_steps']:>7.2f}{m['avg_docs']:>7.1f}"
+            f"{_pct(m['recall']):>8}{_pct(m['full_recall']):>7}{_pct(m['map']):>7}"
         )
     lost = sum(data.get("missing", 0) for data in scores["datasets"].values())
     if lost:

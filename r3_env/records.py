@@ -3,8 +3,9 @@
 :func:`play` runs an episode against anything that writes the next step from chat messages (a
 teacher, an evaluation engine); :func:`episode_fields` is what both records keep of it.
 
-A record keeps each step's analysis, its query or answer, and the full documents shown after it,
-so SFT data can be rendered later at any ``doc_chars`` in any chat template. Example::
+A record keeps each step's analysis (and reflection, in formats that have one), its query or
+answer, and the full documents shown after it, so SFT data can be rendered later at any
+``doc_chars`` in any chat template. Example::
 
     {"id": "hotpotqa/q17#2", "question_id": "q17", "dataset": "hotpotqa", "sample": 2,
      "temperature": 1.0, "question": "...", "golden_answers": ["..."], "outcome": "correct",
@@ -34,9 +35,10 @@ def env_turns(env: RetrievalEnv) -> list[Turn]:
     turns, documents = [], iter(env.documents)
     for record in env.steps:
         if record.kind is StepKind.QUERY:
-            turns.append(Turn(Step(record.analysis, query=record.query), tuple(next(documents))))
+            step = Step(record.analysis, query=record.query, reflection=record.reflection)
+            turns.append(Turn(step, tuple(next(documents))))
         elif record.kind is StepKind.ANSWER:
-            turns.append(Turn(Step(record.analysis, answer=record.answer)))
+            turns.append(Turn(Step(record.analysis, answer=record.answer, reflection=record.reflection)))
     return turns
 
 
@@ -45,12 +47,14 @@ def steps_json(env: RetrievalEnv) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for turn in env_turns(env):
         step = turn.step
+        row: dict[str, Any] = {"analysis": step.analysis}
+        if step.reflection is not None:
+            row["reflection"] = step.reflection
         if step.is_final:
-            rows.append({"analysis": step.analysis, "answer": step.answer})
+            row["answer"] = step.answer
         else:
-            rows.append(
-                {"analysis": step.analysis, "query": step.query, "documents": [p.to_json() for p in turn.documents]}
-            )
+            row.update(query=step.query, documents=[p.to_json() for p in turn.documents])
+        rows.append(row)
     return rows
 
 
@@ -86,7 +90,9 @@ def turns_of(row: dict[str, Any], where: str = "trajectory") -> list[Turn]:
     turns = []
     for number, step in enumerate(steps, start=1):
         try:
-            parsed = Step(step["analysis"], query=step.get("query"), answer=step.get("answer"))
+            parsed = Step(
+                step["analysis"], query=step.get("query"), answer=step.get("answer"), reflection=step.get("reflection")
+            )
             documents: Sequence[Passage] = tuple(
                 Passage(str(doc["id"]), str(doc["contents"])) for doc in step.get("documents") or ()
             )

@@ -8,8 +8,8 @@ is the scalar episode reward.
 - ``r3`` is R3-RAG's scheme (spec section 3, the official constants, all configurable): process
   rewards (relevance) scaled by the outcome, plus the answer step's reward.
 - ``outcome`` is the ablation without process rewards: the same answer and format terms.
-- ``staged_rc`` is the retrieval-cost-aware staged reward of "Learning when to search": stage 1
-  rewards retrieving when wrong, stage 2 charges retrieval when right; plus a search term (query
+- ``lws`` is "Learning when to search"'s r = r_a + r_s + r_f: a staged answer reward (stage 1
+  rewards retrieving when wrong, stage 2 charges retrieval when right), a search term (query
   conciseness, or query diversity when it retrieved more than once) and a +-1 format term. One
   episode-level reward, placed at the last step.
 - ``gold_hit`` rewards each retrieval step by the gold passages it found first, and answering
@@ -41,7 +41,7 @@ class Episode:
     number of retrievals. The other fields are filled when a scheme needs them: ``new_gold``
     (per retrieval step, gold passages not retrieved before) and ``gold_total`` for
     ``gold_hit``; ``queries``, ``query_similarity`` (mean pairwise cosine of the query
-    embeddings) and ``training_step`` for ``staged_rc``.
+    embeddings) and ``training_step`` for ``lws``.
     """
 
     outcome: Outcome
@@ -121,23 +121,38 @@ def at_last_step(episode: Episode, reward: float) -> list[float]:
 
 
 _QUESTION_WORDS = frozenset("what who whom whose which when where why how".split())
+# Words a keyword query can do without: articles, prepositions, auxiliaries, pronouns, fillers.
+_FUNCTION_WORDS = frozenset(
+    """a an the of in on at to for from by with about into onto over under between during after before
+    and or is are was were be been being do does did has have had can could would should will shall may
+    might must it its this that these those he she they them his her their there please tell me find
+    information any some""".split()
+)
 
 
 def is_concise(query: str, max_words: int = 10) -> bool:
-    """The rule for a concise search query: no question words, no question mark, at most ``max_words`` words."""
+    """The rule for a concise search query (LWS: no question words, prepositions or irrelevant modifiers).
+
+    Concise means: 1 to ``max_words`` words, no question mark, no question word, and function words
+    (articles, prepositions, auxiliaries, pronouns, fillers such as "please" or "information") at most
+    a third of the words. "Hestolvale Tower director" and "birthplace of Marta Kell" pass; "who
+    directed Hestolvale Tower" and "the name of the director of the film" do not.
+    """
     words = re.findall(r"[\w']+", query.lower())
-    return bool(words) and len(words) <= max_words and "?" not in query and not _QUESTION_WORDS & set(words)
+    if not words or len(words) > max_words or "?" in query or _QUESTION_WORDS & set(words):
+        return False
+    return sum(word in _FUNCTION_WORDS for word in words) * 3 <= len(words)
 
 
 @dataclass(frozen=True)
-class StagedRCConfig:
-    """ "Learning when to search": r = answer (staged by retrieval count RC) + search + format."""
+class LWSRewardConfig:
+    """ "Learning when to search" (LWS.md section 2): r = answer (staged by retrieval count RC) + search + format."""
 
     beta: float = 0.3  # cost (stage 2) or bonus (stage 1, when wrong) per retrieval
-    switch_step: int = 100  # training step at which stage 2 starts
+    switch_step: int = 100  # training step at which stage 2 starts (0: stage 2 from the start)
     correct_reward: float = 1.0
     wrong_reward: float = -1.0
-    format_reward: float = 1.0  # +this when every step parsed, -this when one did not
+    format_reward: float = 1.0  # +this when the trajectory has one of the format's valid shapes, -this otherwise
     verbose_query_penalty: float = -1.0  # RC <= 1 and the query is not concise
     max_query_words: int = 10
     diversity: bool = True  # RC > 1: minus the mean pairwise cosine similarity of the query embeddings
@@ -147,8 +162,15 @@ class StagedRCConfig:
             raise ValueError("beta and switch_step must be 0 or more, max_query_words at least 1")
 
 
-def staged_rc_reward(episode: Episode, config: StagedRCConfig) -> float:
-    """The episode's reward r_a + r_s + r_f (spec section 6 and LWS.md section 2)."""
+def lws_reward(episode: Episode, config: LWSRewardConfig) -> float:
+    """The episode's reward r_a + r_s + r_f (LWS.md section 2).
+
+    r_a: stage 1 (training step < switch_step) gives correct 1, wrong -1 + beta RC; stage 2 gives
+    correct 1 - beta RC, wrong -1. No answer counts as wrong. r_s: RC > 1 gives minus the mean
+    pairwise cosine of the query embeddings; RC <= 1 gives -1 for a query that is not concise,
+    else 0. r_f: +1 when the trajectory has a valid shape, which both end in an answer (so a
+    format error, or running out of steps, gives -1).
+    """
     rc = episode.retrievals
     correct = episode.outcome is Outcome.CORRECT
     if episode.training_step < config.switch_step:  # stage 1: retrieving is encouraged when wrong
@@ -157,14 +179,14 @@ def staged_rc_reward(episode: Episode, config: StagedRCConfig) -> float:
         answer = config.correct_reward - config.beta * rc if correct else config.wrong_reward
     if rc > 1:
         if config.diversity and episode.query_similarity is None:
-            raise ValueError("staged_rc with diversity needs the query embeddings' similarity (env.query_encoder)")
+            raise ValueError("lws with diversity needs the query embeddings' similarity (reward.query_encoder)")
         search = -(episode.query_similarity or 0.0) if config.diversity else 0.0
     elif rc == 1 and episode.queries and not is_concise(episode.queries[0], config.max_query_words):
         search = config.verbose_query_penalty
     else:
         search = 0.0
-    form = -config.format_reward if episode.outcome is Outcome.FORMAT_ERROR else config.format_reward
-    return answer + search + form
+    valid_shape = episode.outcome in (Outcome.CORRECT, Outcome.WRONG)
+    return answer + search + (config.format_reward if valid_shape else -config.format_reward)
 
 
 @dataclass(frozen=True)
@@ -200,6 +222,7 @@ class RewardScheme:
     ``needs_relevance``: the relevance judge; ``needs_correctness``: the answer's correctness
     (match, then judge); ``needs_gold``: the dataset's gold passage ids; ``needs_query_similarity``:
     query embeddings (an encoder); ``needs_training_step``: the trainer's step (staged schemes).
+    ``stage_switch`` is the training step where a staged scheme changes (reports mark it).
     """
 
     name: str
@@ -209,6 +232,7 @@ class RewardScheme:
     needs_gold: bool = False
     needs_query_similarity: bool = False
     needs_training_step: bool = False
+    stage_switch: int | None = None
 
 
 _SCHEMES: dict[str, Callable[..., RewardScheme]] = {}
@@ -246,14 +270,15 @@ def _outcome(**options) -> RewardScheme:
     return RewardScheme("outcome", lambda episode: r3_step_rewards(episode, config), needs_relevance=False)
 
 
-def _staged_rc(**options) -> RewardScheme:
-    config = StagedRCConfig(**options)
+def _lws(**options) -> RewardScheme:
+    config = LWSRewardConfig(**options)
     return RewardScheme(
-        "staged_rc",
-        lambda episode: at_last_step(episode, staged_rc_reward(episode, config)),
+        "lws",
+        lambda episode: at_last_step(episode, lws_reward(episode, config)),
         needs_relevance=False,
         needs_query_similarity=config.diversity,
         needs_training_step=True,
+        stage_switch=config.switch_step,
     )
 
 
@@ -270,5 +295,5 @@ def _gold_hit(**options) -> RewardScheme:
 
 register_scheme("r3", _r3)
 register_scheme("outcome", _outcome)
-register_scheme("staged_rc", _staged_rc)
+register_scheme("lws", _lws)
 register_scheme("gold_hit", _gold_hit)

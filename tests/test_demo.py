@@ -132,7 +132,7 @@ def test_the_real_model_demo_runs_the_same_path(tmp_path):
     out = tmp_path / "real"
     result = run_r3rag("demo", "--model", "smollm2-135m-instruct", "--quick", "--out", str(out), timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
-    assert "r3rag demo (smollm2-135m-instruct, quick, seed 0)" in result.stdout
+    assert "r3rag demo (smollm2-135m-instruct, r3 recipe, quick, seed 0)" in result.stdout
     record = json.loads((out / "demo.json").read_text())
     assert set(record["results"]) == {"untrained", "sft", "ppo"}
     assert record["config"]["model"] == "smollm2-135m-instruct"
@@ -148,6 +148,42 @@ def test_the_real_model_demo_runs_the_same_path(tmp_path):
     ppo = [row for row in read_metrics(out / "train") if row["stage"] == "ppo"]
     assert [row["actor_trained"] for row in ppo] == [0.0, 1.0]  # the critic warms up, then the actor trains
     assert math.isfinite(ppo[-1]["policy_loss"]) and math.isfinite(ppo[-1]["entropy"])
+
+
+def test_the_lws_recipe_trains_with_tags_the_staged_reward_and_group_advantages(tmp_path):
+    """``--recipe lws``: the same pipeline with the tags format, the lws reward (stage 2 from half-way), no critic."""
+    out = tmp_path / "lws"
+    flags = ("--sft_epochs", "1", "--ppo_iterations", "2", "--eval_questions", "8")
+    result = run_r3rag("demo", "--recipe", "lws", "--quick", *flags, "--out", str(out), timeout=900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "r3rag demo (tiny-random, lws recipe, quick, seed 0)" in result.stdout and "RC" in result.stdout
+    config = json.loads((out / "train" / "config.json").read_text())
+    assert config["policy"]["step_format"] == "tags" and config["reward"]["scheme"] == "lws"
+    assert config["reward"]["options"] == {"switch_step": 1} and Path(config["reward"]["query_encoder"]).is_dir()
+    assert (config["ppo"]["estimator"], config["ppo"]["eps_clip_high"], config["ppo"]["init_kl_coef"]) == (
+        "group_norm",
+        0.28,
+        0.0,
+    )
+    # the teacher wrote the tags shapes, and SFT learned them
+    steps = json.loads((out / "coldstart" / "trajectories.jsonl").read_text().splitlines()[0])["steps"]
+    assert (
+        all("reflection" in step for step in steps[1:]) and "<reflect>" in (out / "coldstart" / "sft.jsonl").read_text()
+    )
+    # no critic; the staged reward saw step 0 (stage 1), then step 1 (stage 2)
+    ppo = [row for row in read_metrics(out / "train") if row["stage"] == "ppo"]
+    assert [row["reward_step"] for row in ppo] == [0.0, 1.0]
+    assert all("value_loss" not in row and math.isfinite(row["policy_loss"]) for row in ppo)
+    assert not (out / "train" / "ppo" / "critic").exists()
+    run = json.loads((out / "eval" / "ppo" / "run.json").read_text())
+    assert run["step_format"] == "tags"
+    # the report: RC beside accuracy, and the answer categories of the RL policy with and without retrieval
+    tables = json.loads((out / "report.json").read_text())
+    assert set(json.loads((out / "demo.json").read_text())["results"]) == {"untrained", "sft", "ppo", "ppo_direct"}
+    assert "RC" in (out / "report.md").read_text()
+    pairs = tables["categories"]["pairs"]
+    assert len(pairs) == 1 and "ppo" in pairs[0]["run"] and "direct" in pairs[0]["baseline"], tables["categories"]
+    assert pairs[0]["datasets"]["world"]["compared"] == 8
 
 
 def test_a_model_that_is_neither_registered_nor_a_folder_is_refused(tmp_path):

@@ -1,9 +1,10 @@
 """The report over hand-made scored runs: tables and curves from the scores, and the page in headless Chromium.
 
-Three runs over two datasets (r3 with BM25 at top-k 5 and 3, judged; naive RAG, not judged) and
-one unscored run. Their predictions are written here; scores.json and question_scores.jsonl come
-from ``eval.score.score_rows`` over them, so the files are what ``r3rag eval score`` writes. The
-expected numbers below are worked out by hand from the outcomes in ``RUNS``.
+Four runs over two datasets (r3 with BM25 at top-k 5 and 3, judged; naive RAG and direct CoT, which
+retrieves nothing and lacks one question, not judged) and one unscored run. Their predictions are
+written here; scores.json and question_scores.jsonl come from ``eval.score.score_rows`` over them,
+so the files are what ``r3rag eval score`` writes. The expected numbers below are worked out by
+hand from the outcomes in ``RUNS``.
 """
 
 from __future__ import annotations
@@ -18,8 +19,11 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from eval.report import write_report
-from eval.score import score_rows
+from eval.report import find_runs, write_report
+from eval.report_categories import pair_runs
+from eval.report_training import stage_switch, training_charts, training_html, training_markdown
+from eval.score import format_scores, score_rows
+from r3_env.cli import main
 from r3_env.data import write_jsonl
 
 HOSTILE = "</script><b>x</b> & <!-- not a comment"
@@ -55,11 +59,25 @@ RUNS = {
         "h1": (1, "wrong"), "h2": (1, "right"), "h3": (1, "right"),
         "w1": (1, "wrong"), "w2": (1, "wrong"), "w3": (1, "right"),
     }),
+    "baselines/direct": ("direct", 5, {  # no w3: a question only the runs with retrieval have
+        "h1": (0, "wrong"), "h2": (0, "right"), "h3": (0, "right"),
+        "w1": (0, "right"), "w2": (0, "wrong"),
+    }),
 }  # fmt: skip
 LABELS = {
     "judged/r3-bm25-k5": "r3 (bm25) r3-bm25-k5",
     "judged/r3-bm25-k3": "r3 (bm25) r3-bm25-k3",
     "baselines/naive-bm25": "naive_rag (bm25)",
+    "baselines/direct": "direct (none)",
+}
+CATEGORY_KEYS = ("both", "retrieval_only", "no_retrieval_only", "neither", "compared", "excluded")
+# Each run with retrieval against direct CoT, correct by EM (naive RAG was not judged), by hand from RUNS. In hotpotqa
+# for r3 at top-k 5: h1 right only with retrieval, h2 only without, h3 in both. w3 is not in the direct run: left out.
+CATEGORIES = {
+    (LABELS["baselines/naive-bm25"], "hotpotqa"): (2, 0, 0, 1, 3, 0),
+    (LABELS["judged/r3-bm25-k3"], "hotpotqa"): (0, 1, 2, 0, 3, 0),
+    (LABELS["judged/r3-bm25-k5"], "hotpotqa"): (1, 1, 1, 0, 3, 0),
+    **{(LABELS[folder], "2wikimultihopqa"): (0, 0, 1, 1, 2, 1) for folder in RUNS if folder != "baselines/direct"},
 }
 LONG_TEXT = "The director was born in Paris. " * 20  # longer than the page's 300-character preview
 
@@ -68,7 +86,7 @@ def manifest(folder: str, method: str, topk: int) -> dict:
     return {
         "name": folder.split("/")[-1],
         "method": method,
-        "retriever": "bm25",
+        "retriever": "none" if method == "direct" else "bm25",
         "model": "Qwen/Qwen2.5-7B-Instruct",
         "engine": "hf",
         "naive_topk": topk if method == "naive_rag" else None,
@@ -109,30 +127,35 @@ def verdict(outcome: str | None) -> dict:
     return {"score": score, "method": "match" if outcome == "right" else "judge", "fallback": False}
 
 
-def write_run(root: Path, folder: str, spec: tuple, scored: bool = True) -> None:
-    """A run folder as `r3rag eval run` and then (if ``scored``) `r3rag eval score` leave it."""
-    method, topk, plan = spec
-    info = manifest(folder, method, topk)
-    run = root / folder
+def save_run(run: Path, info: dict, rows: list[dict], verdicts: dict | None, scored: bool = True) -> None:
+    """The files `r3rag eval run` and then (if ``scored``) `r3rag eval score` leave; ``verdicts`` None: no judge."""
     run.mkdir(parents=True)
     (run / "run.json").write_text(json.dumps(info))
-    rows = [prediction(method, name, q, *plan[q[0]], topk) for name, qs in QUESTIONS.items() for q in qs]
-    if folder.endswith("k5"):  # a document that would end the page's <script> if it were not escaped
-        rows[1]["steps"][0]["documents"][-1]["contents"] = f"Hostile page\n{HOSTILE}"
     write_jsonl(run / "predictions.jsonl", rows)
     if not scored:
         return
-    judged = method == "r3"
-    verdicts = {row["id"]: verdict(plan[row["question_id"]][1]) for row in rows if row["answer"]} if judged else None
-    body, per_question = score_rows(rows, CUTOFFS, verdicts)
-    judge = "Qwen/Qwen2.5-72B-Instruct" if judged else None
+    body, per_question = score_rows(rows, CUTOFFS, verdicts, retrieves=info["retriever"] != "none")
+    judge = "Qwen/Qwen2.5-72B-Instruct" if verdicts is not None else None
     (run / "scores.json").write_text(json.dumps({"run": info, "judge": judge, **body}))
     write_jsonl(run / "question_scores.jsonl", per_question)
 
 
+def write_run(root: Path, folder: str, spec: tuple, scored: bool = True) -> None:
+    """A run folder of ``RUNS``; r3 runs are judged."""
+    method, topk, plan = spec
+    rows = [
+        prediction(method, name, q, *plan[q[0]], topk) for name, qs in QUESTIONS.items() for q in qs if q[0] in plan
+    ]
+    if folder.endswith("k5"):  # a document that would end the page's <script> if it were not escaped
+        rows[1]["steps"][0]["documents"][-1]["contents"] = f"Hostile page\n{HOSTILE}"
+    judged = method == "r3"
+    verdicts = {row["id"]: verdict(plan[row["question_id"]][1]) for row in rows if row["answer"]} if judged else None
+    save_run(root / folder, manifest(folder, method, topk), rows, verdicts, scored)
+
+
 @pytest.fixture
 def root(tmp_path) -> Path:
-    """The three scored runs and an unscored copy of the naive one, under tmp_path/runs."""
+    """The four scored runs and an unscored copy of the naive one, under tmp_path/runs."""
     root = tmp_path / "runs"
     for folder, spec in RUNS.items():
         write_run(root, folder, spec)
@@ -159,16 +182,24 @@ def test_tables_come_from_the_scores(root, caplog):
         scores = json.loads((root / folder / "scores.json").read_text())
         for name in ("hotpotqa", "2wikimultihopqa"):
             final = scores["datasets"][name]["final"]
-            assert row["scores"][name] == {key: final[key] for key in ("acc", "f1", "em")}
+            assert row["scores"][name] == {key: final[key] for key in ("acc", "f1", "em", "avg_retrievals")}
         assert row["scores"]["average"]["em"] == scores["average"]["final"]["em"]
     k5 = next(row for row in tables["main"] if row["name"] == "r3-bm25-k5")
-    assert k5["scores"]["2wikimultihopqa"] == pytest.approx({"acc": 2 / 3, "f1": 5 / 9, "em": 1 / 3})
+    assert k5["scores"]["2wikimultihopqa"] == pytest.approx(
+        {"acc": 2 / 3, "f1": 5 / 9, "em": 1 / 3, "avg_retrievals": 5 / 3}
+    )
 
     markdown = paths["md"].read_text()
-    header = ["run"] + [f"{d} {m}" for d in ("hotpotqa", "2wikimultihopqa", "average") for m in ("ACC", "F1", "EM")]
+    groups = ("hotpotqa", "2wikimultihopqa", "average")
+    header = ["run"] + [f"{d} {m}" for d in groups for m in ("ACC", "F1", "EM", "RC")]
     assert "| " + " | ".join(header) + " |" in markdown
-    assert "| r3 (bm25) r3-bm25-k5 | 66.7 | 66.7 | 66.7 | 66.7 | 55.6 | 33.3 | 66.7 | 61.1 | 50.0 |" in markdown
-    assert "| naive_rag (bm25) | – | 66.7 | 66.7 | – | 33.3 | 33.3 | – | 50.0 | 50.0 |" in markdown
+    # RC: queries per question, (2 + 1 + 1) / 3 and (2 + 3 + 0) / 3 (the unparsed w2 had asked 3), then their mean
+    assert (
+        "| r3 (bm25) r3-bm25-k5 | 66.7 | 66.7 | 66.7 | 1.33 | 66.7 | 55.6 | 33.3 | 1.67 | 66.7 | 61.1 | 50.0 | 1.50 |"
+        in markdown
+    )
+    assert "| naive_rag (bm25) | – | 66.7 | 66.7 | 1.00 | – | 33.3 | 33.3 | 1.00 | – | 50.0 | 50.0 | 1.00 |" in markdown
+    assert "| direct (none) | – | 66.7 | 66.7 | 0.00 | – | 50.0 | 50.0 | 0.00 | – | 58.3 | 58.3 | 0.00 |" in markdown
     # Retrieval, hotpotqa at top-k 5: Recall (1 + .5 + 1)/3, Full-Recall 2/3, mAP (2/3 + 1/2 + 1)/3, docs, steps.
     assert "| r3 (bm25) r3-bm25-k5 | 83.3 | 66.7 | 72.2 | 6.7 | 2.3 | 100.0 |" in markdown
     assert "## EM vs max steps (average over datasets" in markdown
@@ -182,6 +213,22 @@ def test_tables_come_from_the_scores(root, caplog):
     assert topk["series"] == "r3 (bm25)" and topk["runs"] == ["r3 (bm25) r3-bm25-k3", "r3 (bm25) r3-bm25-k5"]
     assert dict(topk["points"]["average"]) == pytest.approx({3: 1 / 3, 5: 1 / 2})
     assert dict(topk["points"]["hotpotqa"]) == pytest.approx({3: 1 / 3, 5: 2 / 3})
+
+    categories = tables["categories"]
+    assert categories["metric"] == "em" and {pair["baseline"] for pair in categories["pairs"]} == {"direct (none)"}
+    got = {
+        (pair["run"], name): tuple(counts[key] for key in CATEGORY_KEYS)
+        for pair in categories["pairs"]
+        for name, counts in pair["datasets"].items()
+    }
+    assert got == CATEGORIES
+    assert categories["notes"] == ["3 question(s) in only one run of their pair are left out (column 'left out')"]
+    assert "## Answer categories (questions; correct: EM, as not every run was judged)" in markdown
+    assert "| hotpotqa | r3 (bm25) r3-bm25-k3 | direct (none) | 0 | 1 | 2 | 0 | 3 | 0 |" in markdown
+
+    printed = format_scores(json.loads((root / "judged" / "r3-bm25-k5" / "scores.json").read_text()))
+    assert printed.splitlines()[1].split()[:6] == ["dataset", "n", "ACC", "EM", "F1", "RC"]
+    assert printed.splitlines()[-2].split()[:5] == ["average", "66.7", "50.0", "61.1", "1.50"]
 
 
 def test_judged_runs_are_plotted_by_acc(root, tmp_path):
@@ -206,10 +253,150 @@ def test_the_page_embeds_escaped_and_capped_trajectories(root, tmp_path):
     assert "&lt;i&gt;" not in page  # questions are in the JSON only, never written as HTML
     assert "http://" not in page and "https://" not in page  # no CDN, font or script from the network
     items = embedded_trajectories(page)
-    assert len(items) == 6 and page.count("the first 2 of 6 questions are shown (capped)") == 3
+    assert len(items) == 8 and page.count("the first 2 of 6 questions are shown (capped)") == 3
+    assert page.count("the first 2 of 5 questions are shown (capped)") == 1  # direct CoT lacks w3
     full = embedded_trajectories(write_report(root, tmp_path)["html"].read_text())
     texts = [doc["text"] for item in full for step in item["steps"] for doc in step["docs"]]
     assert HOSTILE in texts  # the JSON round trip gives the document back unchanged
+
+
+# Questions per dataset, one letter each: correct in Both runs, only with Retrieval, only with No retrieval, Wrong
+# in both; r and n: a question only the run with (r) or without (n) retrieval has.
+CATEGORY_PLAN = {"nq": "BRNWBRBNRBr", "popqa": "NWBNWnN"}
+
+
+def write_category_run(root: Path, folder: str, model: str, queries: int, retriever: str = "bm25", judged=True) -> None:
+    """A scored run over CATEGORY_PLAN; ``queries`` 0 plays the run without retrieval. Answers are right as the
+    letters say, but never exactly ("Paris indeed"): only the judge accepts them, EM never does."""
+    rows, verdicts = [], {}
+    for dataset, letters in CATEGORY_PLAN.items():
+        for i, letter in enumerate(letters):
+            if letter == ("n" if queries else "r"):
+                continue
+            right = letter in ("BR" if queries else "BN")
+            answer = "Paris indeed" if right else "Nobody"
+            steps = [{"query": f"q{j}", "documents": []} for j in range(queries)] + [{"answer": answer}]
+            rows.append({"id": f"{dataset}/{i}", "question_id": str(i), "dataset": dataset, "question": f"Q{i}?",
+                         "golden_answers": ["Paris"], "gold_ids": [], "steps": steps, "answer": answer,
+                         "prediction": answer, "num_steps": len(steps), "num_retrievals": queries})  # fmt: skip
+            verdicts[rows[-1]["id"]] = {"score": float(right), "method": "judge", "fallback": False}
+    info = {"name": folder.replace("/", "-"), "method": "r3" if retriever != "none" else "direct",
+            "retriever": retriever, "model": model, "env": {"max_steps": 5, "topk": 5}}  # fmt: skip
+    save_run(root / folder, info, rows, verdicts if judged else None)
+
+
+@pytest.mark.parametrize("judged", [True, False])
+def test_answer_categories_count_each_case(tmp_path, judged):
+    root = tmp_path / "runs"
+    write_category_run(root, "with", "A", queries=2, judged=judged)
+    write_category_run(root, "without", "A", queries=0, retriever="none", judged=judged)
+    paths = write_report(root)
+    categories = json.loads(paths["json"].read_text())["categories"]
+    [pair] = categories["pairs"]
+    assert (pair["run"], pair["baseline"]) == ("r3 (bm25)", "direct (none)")
+    if judged:  # correct = ACC: the letters' counts
+        assert categories["metric"] == "acc"
+        assert pair["datasets"] == {
+            "nq": {"both": 4, "retrieval_only": 3, "no_retrieval_only": 2, "neither": 1, "compared": 10, "excluded": 1},
+            "popqa": {
+                "both": 1,
+                "retrieval_only": 0,
+                "no_retrieval_only": 3,
+                "neither": 2,
+                "compared": 6,
+                "excluded": 1,
+            },
+        }
+        assert "| nq | r3 (bm25) | direct (none) | 4 | 3 | 2 | 1 | 10 | 1 |" in paths["md"].read_text()
+        assert "Correct: ACC, the judge&#x27;s verdict." in paths["html"].read_text()
+    else:  # correct = EM, which no answer here meets: every question compared is wrong in both
+        assert categories["metric"] == "em"
+        assert [counts["neither"] for counts in pair["datasets"].values()] == [10, 6]
+        assert [counts["both"] + counts["retrieval_only"] for counts in pair["datasets"].values()] == [0, 0]
+    assert categories["notes"] == ["2 question(s) in only one run of their pair are left out (column 'left out')"]
+
+
+def test_runs_pair_by_model_or_as_named(tmp_path, capsys):
+    root = tmp_path / "runs"
+    write_category_run(root, "a/r3", "A", queries=1)
+    write_category_run(root, "a/direct", "A", queries=0, retriever="none")
+    write_category_run(root, "b/r3", "B", queries=2)
+
+    def pairs(*baselines: str) -> tuple[list[tuple[str, str]], list[str]]:
+        found, notes = pair_runs(find_runs(root), root, baselines)
+        return [(run.info["name"], base.info["name"]) for run, base in found], notes
+
+    assert pairs() == (
+        [("a-r3", "a-direct")],
+        ["r3 (bm25) b-r3: no run without retrieval of its model over its datasets"],
+    )
+    assert pairs("a/direct") == ([("a-r3", "a-direct"), ("b-r3", "a-direct")], [])  # named: across models too
+    write_category_run(root, "a/silent", "A", queries=0)  # its method retrieves, but it never did: RC 0
+    assert pairs()[0] == [("a-r3", "a-direct"), ("a-silent", "a-direct")]
+    write_category_run(root, "a/direct2", "A", queries=0, retriever="none")
+    found, notes = pairs()
+    assert found == [] and notes[0] == (
+        "r3 (bm25) a-r3: several runs without retrieval could pair with it (direct (none) a-direct, "
+        "direct (none) a-direct2); "
+        "pick with --baseline"
+    )
+    assert pairs("direct (none) a-direct2")[0] == [
+        ("a-r3", "a-direct2"),
+        ("a-silent", "a-direct2"),
+        ("b-r3", "a-direct2"),
+    ]
+
+    out = tmp_path / "report"
+    assert main(["eval", "report", str(root), "--out", str(out), "--baseline", "a/direct"]) == 0
+    categories = json.loads((out / "report.json").read_text())["categories"]
+    assert [(pair["run"], pair["baseline"]) for pair in categories["pairs"]] == [
+        ("r3 (bm25) a-r3", "direct (none) a-direct"),
+        ("r3 (bm25) a-silent", "direct (none) a-direct"),
+        ("r3 (bm25) b-r3", "direct (none) a-direct"),
+    ]
+    assert main(["eval", "report", str(root), "--out", str(out), "--baseline", "nowhere"]) == 2
+    assert "--baseline 'nowhere' matches no scored run" in capsys.readouterr().err
+
+
+RC_CURVE = [1.0, 1.5, 2.25, 1.75, 1.25, 1.0]  # retrievals per episode: up in stage 1, down in stage 2
+
+
+def write_training(folder: Path, scheme: str = "lws", options: dict | None = None) -> Path:
+    """A `r3rag train local` folder: config.json's reward (switch at step 3) and six PPO iterations' metrics."""
+    folder.mkdir(parents=True)
+    reward = {"scheme": scheme, "options": {"switch_step": 3} if options is None else options}
+    (folder / "config.json").write_text(json.dumps({"reward": reward}))
+    rows = [{"stage": "ppo", "step": step, "reward": step / 10, "retrievals": rc, "steps": rc + 1}
+            for step, rc in enumerate(RC_CURVE, start=1)]  # fmt: skip
+    write_jsonl(folder / "metrics.jsonl", rows)
+    return folder
+
+
+def test_training_curves_show_rc_and_the_stage_switch(tmp_path):
+    charts = training_charts(write_training(tmp_path / "lws"))
+    rc = next(chart for chart in charts if chart["title"] == "Retrievals per episode (RC)")
+    assert rc["y_label"] == "RC" and rc["series"] == {"RC": [[i, v] for i, v in enumerate(RC_CURVE, start=1)]}
+    # iteration 3 is stage 1's last (its rollouts ran at training step 2): the marker stands before iteration 4
+    assert [chart["markers"] for chart in charts] == [[{"x": 3.5, "label": "stage 2", "first": 4}]] * 3
+    page = training_html(charts)
+    assert page.count('class="marker"') == 3 and "stage 2 of the reward starts at PPO iteration 4" in page
+    markdown = training_markdown(charts)
+    assert "| Retrievals per episode (RC) | RC | 1 | 1 |" in markdown
+    assert (
+        markdown[-1] == "Stage 2 of the reward starts at PPO iteration 4 (RC 2.25 at iteration 3, the last of stage 1)."
+    )
+
+    assert training_charts(write_training(tmp_path / "old", "staged_rc"))[0]["markers"][0]["first"] == 4
+    assert all(chart["markers"] == [] for chart in training_charts(write_training(tmp_path / "r3", "r3", {})))
+    assert stage_switch(write_training(tmp_path / "no-stage-1", options={"switch_step": 0})) is None
+    assert stage_switch(write_training(tmp_path / "unknown", "no_such_scheme", {})) is None
+    default = training_charts(write_training(tmp_path / "default", "lws", {}))  # the scheme's own switch step
+    switch = stage_switch(tmp_path / "default")
+    assert isinstance(switch, int) and default[0]["markers"][0]["first"] == switch + 1
+    if switch >= len(RC_CURVE):  # past the logged iterations: no line, and the text says so
+        assert 'class="marker"' not in training_html(default) and training_markdown(default)[-1].endswith(
+            "(not reached)."
+        )
 
 
 def test_no_scored_run_names_the_fix(tmp_path):
@@ -258,7 +445,7 @@ def expected_count(setting: dict, questions: list[tuple[str, str, int, bool]]) -
 def test_the_page_in_headless_chromium(root, tmp_path):
     if not CHROMIUM.exists() or not PLAYWRIGHT.exists() or not shutil.which("node"):
         pytest.skip("Chromium, Node.js or playwright-core is missing: run `bash scripts/setup_browser.sh`")
-    paths = write_report(root, tmp_path / "report")
+    paths = write_report(root, tmp_path / "report", training=write_training(tmp_path / "train"))
     filters, questions = browser_expectations(root)
     k5 = LABELS["judged/r3-bm25-k5"]
     plan = {
@@ -278,14 +465,37 @@ def test_the_page_in_headless_chromium(root, tmp_path):
     seen = json.loads((tmp_path / "seen.json").read_text())
     assert seen["errors"] == [] and seen["requests"] and all(url.startswith("file://") for url in seen["requests"])
 
-    assert seen["mainRows"] == 3 and seen["retrievalRows"] == 3
-    assert seen["mainCells"][LABELS["baselines/naive-bm25"]][:3] == ["–", "66.7", "66.7"]
-    assert seen["stepsLines"] == 3 and seen["stepsDots"] == 15 and seen["topkLines"] == 1 and seen["topkDots"] == 2
-    assert seen["stepsViewLines"] == 3 and seen["stepsViewShown"] == "hotpotqa"
+    assert seen["mainRows"] == 4 and seen["retrievalRows"] == 3 and seen["mainColumns"] == ["ACC", "F1", "EM", "RC"] * 3
+    assert seen["mainCells"][LABELS["baselines/naive-bm25"]][:4] == ["–", "66.7", "66.7", "1.00"]
+    assert seen["mainCells"]["direct (none)"][-1] == "0.00"  # RC of the run without retrieval
+    assert seen["stepsLines"] == 4 and seen["stepsDots"] == 20 and seen["topkLines"] == 1 and seen["topkDots"] == 2
+    assert seen["stepsViewLines"] == 4 and seen["stepsViewShown"] == "hotpotqa"
     assert seen["legend"] == [LABELS[folder] for folder in sorted(RUNS)]
 
+    # answer categories: one bar per (run with retrieval, dataset), each segment as wide as its share of the questions
+    bars = {(bar["run"], bar["dataset"]): bar["segments"] for bar in seen["categoryBars"]}
+    assert bars.keys() == CATEGORIES.keys()
+    for key, segments in bars.items():
+        *counts, compared, _ = CATEGORIES[key]
+        assert [name for name, _ in segments] == list(CATEGORY_KEYS[:4])
+        full = sum(width for _, width in segments)
+        assert full > 250, key  # drawn, at most of the 600-pixel chart's width
+        assert [width for _, width in segments] == pytest.approx([full * n / compared for n in counts], abs=0.5), key
+    assert "Correct: EM" in seen["categoryCaption"]
+    assert seen["categoryLegend"][:2] == ["correct in both", "correct only with retrieval"]
+    k3 = LABELS["judged/r3-bm25-k3"]
+    assert len(seen["categoryRows"]) == 6
+    assert ["hotpotqa", k3, "direct (none)", "0", "1", "2", "0", "3", "0"] in seen["categoryRows"]
+
+    # training: RC per PPO iteration with the stage switch between iterations 3 and 4
+    rc = next(figure for figure in seen["training"] if figure["caption"] == "Retrievals per episode (RC)")
+    assert "stage 2 of the reward starts at PPO iteration 4" in seen["stageSwitch"] and len(rc["dots"]) == len(RC_CURVE)
+    [marker] = rc["markers"]
+    assert rc["dots"][2] < marker < rc["dots"][3]
+    assert [len(figure["markers"]) for figure in seen["training"]] == [1, 1, 1]
+
     total = len(questions)
-    assert seen["trajectories"] == total == 18 and seen["countText"] == f"{total} of {total} shown"
+    assert seen["trajectories"] == total == 23 and seen["countText"] == f"{total} of {total} shown"
     for got in seen["filtered"]:
         assert got["visible"] == expected_count(got["setting"], questions), got
         assert got["countText"] == f"{got['visible']} of {total} shown"

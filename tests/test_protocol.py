@@ -60,6 +60,8 @@ VALID = [
     # whole-line bold, and "Step k:" on the same line as the first label
     ("**The problem analysis: a**\n**The final answer: Paris**", Step("a", answer="Paris")),
     ("Step 1: The problem analysis: a\nThe retrieval query: b?", Step("a", query="b?")),
+    # a reasoning model's think block (Qwen3) is not part of the step
+    ("<think>\nWho is b?\n</think>\n\nThe problem analysis: a\nThe retrieval query: b?", Step("a", query="b?")),
 ]
 
 INVALID = [
@@ -89,6 +91,67 @@ INVALID = [
     ("The problem analysis: a\nThe final answer: b\nThe final answer: c", FormatReason.MULTIPLE_ANSWERS),
     ("The problem analysis: a\nThe final answer:", FormatReason.EMPTY_ANSWER),
     ("The problem analysis: a\nThe final answer: Paris\nI hope this helps!", FormatReason.TEXT_AFTER_ANSWER),
+    ("<think>\nThe budget ran out while thinking", FormatReason.UNCLOSED_TAG),
+]
+
+TAGS = get_format("tags")
+
+TAGS_VALID = [
+    (
+        "<think>I need the director.</think>\n<search>Silent Harbor director</search>",
+        Step("I need the director.", query="Silent Harbor director"),
+    ),
+    (
+        "<reflect>It names Marta Kell.</reflect>\n<think>Now her birthplace.</think>\n"
+        "<search>Marta Kell birthplace</search>",
+        Step("Now her birthplace.", query="Marta Kell birthplace", reflection="It names Marta Kell."),
+    ),
+    ("<reflect>Born in Oslo.</reflect>\n<answer>Oslo</answer>", Step("", answer="Oslo", reflection="Born in Oslo.")),
+    (
+        "<think>\nParis is the capital.\n</think>\n\n<reflect>I am sure.</reflect><answer> Paris </answer>\n",
+        Step("Paris is the capital.", answer="Paris", reflection="I am sure."),
+    ),
+    ("  <think>a</think>\r\n<answer>b</answer>", Step("a", answer="b")),
+]
+
+TAGS_INVALID = [
+    ("", FormatReason.EMPTY),
+    ("The answer is Paris.", FormatReason.TEXT_BEFORE_ANALYSIS),
+    ("Sure.\n<think>a</think><search>q</search>", FormatReason.TEXT_BEFORE_ANALYSIS),
+    ("<think>a</think>\n<search>q", FormatReason.UNCLOSED_TAG),
+    ("<think>a", FormatReason.UNCLOSED_TAG),
+    ("<think>a</think> hmm <search>q</search>", FormatReason.STRAY_TEXT),
+    ("<think>a <search>q</search></think>", FormatReason.STRAY_TEXT),
+    ("<think>a</think><search>q</search><information>made up</information>", FormatReason.STRAY_TEXT),
+    ("<search>q</search>", FormatReason.MISSING_ANALYSIS),
+    ("<reflect>r</reflect><search>q</search>", FormatReason.MISSING_ANALYSIS),
+    ("<answer>b</answer>", FormatReason.MISSING_ANALYSIS),
+    ("<think>a</think>", FormatReason.MISSING_ACTION),
+    ("<think>a</think><think>b</think><search>q</search>", FormatReason.DUPLICATE_ANALYSIS),
+    ("<think> </think><search>q</search>", FormatReason.EMPTY_ANALYSIS),
+    ("<think>a</think><search> </search>", FormatReason.EMPTY_QUERY),
+    ("<think>a</think><reflect>r</reflect><answer></answer>", FormatReason.EMPTY_ANSWER),
+    ("<think>a</think><search>q</search><answer>b</answer>", FormatReason.BOTH_QUERY_AND_ANSWER),
+    ("<think>a</think><search>q</search><search>p</search>", FormatReason.MULTIPLE_QUERIES),
+    ("<think>a</think><reflect>r</reflect><answer>b</answer><answer>c</answer>", FormatReason.MULTIPLE_ANSWERS),
+    ("<think>a</think><search>q</search>\nThe documents say", FormatReason.TEXT_AFTER_QUERY),
+    ("<think>a</think><search>q</search><think>b</think>", FormatReason.TEXT_AFTER_QUERY),
+    ("<reflect>r</reflect><answer>b</answer> I hope this helps!", FormatReason.TEXT_AFTER_ANSWER),
+    ("<think>a</think><reflect>r</reflect><search>q</search>", FormatReason.MISPLACED_REFLECTION),
+    ("<reflect>r</reflect><think>a</think><answer>b</answer>", FormatReason.MISPLACED_REFLECTION),
+]
+
+# (step, after documents, the reason check_turn gives, or None): the two shapes of LWS spec section 1
+TAGS_TURNS = [
+    (Step("a", query="q"), False, None),
+    (Step("a", query="q", reflection="r"), True, None),
+    (Step("a", answer="b", reflection="r"), False, None),  # think, reflect, answer: no retrieval
+    (Step("", answer="b", reflection="r"), True, None),  # ..., information, reflect, answer
+    (Step("a", query="q"), True, FormatReason.MISSING_REFLECTION),
+    (Step("a", answer="b"), False, FormatReason.MISSING_REFLECTION),
+    (Step("a", query="q", reflection="r"), False, FormatReason.MISPLACED_REFLECTION),
+    (Step("a", answer="b", reflection="r"), True, FormatReason.MISPLACED_REFLECTION),
+    (Step("", answer="b", reflection="r"), False, FormatReason.MISSING_ANALYSIS),
 ]
 
 
@@ -105,9 +168,43 @@ def test_parse_invalid_reason(text, reason):
     assert caught.value.reason.value in str(caught.value)
 
 
+@pytest.mark.parametrize(("text", "expected"), TAGS_VALID)
+def test_tags_parse_valid(text, expected):
+    assert TAGS.parse_step(text) == expected
+
+
+@pytest.mark.parametrize(("text", "reason"), TAGS_INVALID)
+def test_tags_parse_invalid_reason(text, reason):
+    with pytest.raises(FormatError) as caught:
+        TAGS.parse_step(text)
+    assert caught.value.reason is reason
+
+
+@pytest.mark.parametrize(("step", "after_documents", "reason"), TAGS_TURNS)
+def test_tags_check_turn_allows_exactly_the_two_shapes(step, after_documents, reason):
+    if reason is None:
+        TAGS.check_turn(step, after_documents)
+        return
+    with pytest.raises(FormatError) as caught:
+        TAGS.check_turn(step, after_documents)
+    assert caught.value.reason is reason
+
+
 def test_every_reason_is_reachable():
     # TRUNCATED is the environment's verdict on a step cut off by its token limit (tests/test_rollout.py)
-    assert {reason for _, reason in INVALID} == set(FormatReason) - {FormatReason.TRUNCATED}
+    reached = {reason for _, reason in INVALID + TAGS_INVALID} | {reason for *_, reason in TAGS_TURNS if reason}
+    assert reached == set(FormatReason) - {FormatReason.TRUNCATED}
+
+
+def test_formats_without_a_reflection_fold_it_into_the_analysis():
+    step = Step("Next her birthplace.", query="Marta Kell birthplace", reflection="It names Marta Kell.")
+    for name in ("r3", "react"):
+        fmt = get_format(name)
+        with pytest.raises(ValueError, match="no reflection"):
+            fmt.render_step(step)
+        assert fmt.express(step) == Step("It names Marta Kell. Next her birthplace.", query="Marta Kell birthplace")
+        fmt.check_turn(fmt.express(step), after_documents=True)  # one shape at every position
+    assert TAGS.express(step) is step
 
 
 def test_parse_non_text_is_a_format_error():
@@ -147,7 +244,7 @@ def test_render_rejects_what_would_not_parse_back(step):
 
 
 def test_format_registry():
-    assert "r3" in available_formats()
+    assert {"r3", "tags", "react"} <= set(available_formats())
     assert get_format(R3) is R3
     with pytest.raises(ValueError, match="unknown step format 'nope'.*r3"):
         get_format("nope")
@@ -198,6 +295,15 @@ def test_document_block_numbers_titles_and_truncates():
 
 LABEL_SOUP = st.sampled_from(
     [
+        "<think>",
+        "</think>",
+        "<search>",
+        "</search>",
+        "<reflect>",
+        "</reflect>",
+        "<answer>",
+        "</answer>",
+        "<information>",
         "The problem analysis:",
         "The retrieval query:",
         "The final answer:",
@@ -216,36 +322,48 @@ LABEL_SOUP = st.sampled_from(
 text_pieces = st.lists(st.one_of(LABEL_SOUP, st.text(max_size=15)), max_size=12).map("".join)
 
 
+PROPERTY_FORMATS = ["r3", "tags"]
+
+
+@pytest.mark.parametrize("name", PROPERTY_FORMATS)
 @settings(max_examples=400, deadline=None)
-@given(st.one_of(st.text(), text_pieces))
-def test_parse_raises_only_format_error(text):
+@given(text=st.one_of(st.text(), text_pieces))
+def test_parse_raises_only_format_error(name, text):
     try:
-        step = parse_step(text)
+        step = get_format(name).parse_step(text)
     except FormatError as error:
         assert isinstance(error.reason, FormatReason)
     else:
-        assert step.analysis and (step.query or step.answer)
+        assert (step.analysis or step.reflection) and (step.query or step.answer)
 
 
 line = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n\r"), min_size=1, max_size=40)
+paragraph = st.lists(st.one_of(line, text_pieces), min_size=1, max_size=4).map("\n".join)
 steps = st.builds(
-    lambda analysis, action, final: Step(analysis, answer=action) if final else Step(analysis, query=action),
-    st.lists(st.one_of(line, text_pieces), min_size=1, max_size=4).map("\n".join),
+    lambda analysis, action, final, reflection: (
+        Step(analysis, answer=action, reflection=reflection)
+        if final
+        else Step(analysis, query=action, reflection=reflection)
+    ),
+    paragraph,
     st.one_of(line, text_pieces),
     st.booleans(),
+    st.one_of(st.none(), paragraph),
 )
 
 
+@pytest.mark.parametrize("name", PROPERTY_FORMATS)
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
-@given(st.data())
-def test_render_then_parse_round_trips(data):
+@given(data=st.data())
+def test_render_then_parse_round_trips(name, data):
+    fmt = get_format(name)
     try:
-        step = data.draw(steps)
-        rendered = render_step(step)
+        step = fmt.express(data.draw(steps))
+        rendered = fmt.render_step(step)
     except ValueError:
         assume(False)
         return
-    assert parse_step(rendered) == step
+    assert fmt.parse_step(rendered) == step
 
 
 # -- chat transcripts -----------------------------------------------------------------------------------
@@ -261,6 +379,14 @@ TURNS = [
     Turn(Step("Check the second film too.", query="Marta Kell filmography"), ()),
     Turn(Step("Marta Kell directed it.", answer="Marta Kell")),
 ]
+TURNS_BY_FORMAT = {
+    "r3": TURNS,
+    "tags": [
+        Turn(Step("I need the director of the film.", query="Silent Harbor director"), DOCS),
+        Turn(Step("Check her films.", query="Marta Kell filmography", reflection="Marta Kell directed it."), ()),
+        Turn(Step("", answer="Marta Kell", reflection="Nothing more; the first documents suffice.")),
+    ],
+}
 
 
 def test_renderer_matches_apply_chat_template(chat_tokenizers):
@@ -291,29 +417,33 @@ def test_renderer_matches_apply_chat_template(chat_tokenizers):
     assert rewriting == {"qwen3-style"}
 
 
-def test_transcript_is_prefix_consistent_in_tokens(chat_tokenizers):
+@pytest.mark.parametrize("format_name", PROPERTY_FORMATS)
+def test_transcript_is_prefix_consistent_in_tokens(chat_tokenizers, format_name):
+    turns = TURNS_BY_FORMAT[format_name]
     for name, tokenizer, template in chat_tokenizers:
-        renderer = ChatRenderer(tokenizer, chat_template=template)
+        renderer = ChatRenderer(tokenizer, format_name, chat_template=template)
         previous: list[int] = []
-        for k in range(len(TURNS) + 1):
-            ids = tokenizer(renderer.transcript(QUESTION, TURNS[:k]), add_special_tokens=False)["input_ids"]
+        for k in range(len(turns) + 1):
+            ids = tokenizer(renderer.transcript(QUESTION, turns[:k]), add_special_tokens=False)["input_ids"]
             assert ids[: len(previous)] == previous, f"{name}: steps 1..{k - 1} are not a token prefix of 1..{k}"
             previous = ids
-        renderer.check_tokenization(QUESTION, TURNS)
+        renderer.check_tokenization(QUESTION, turns)
 
 
-def test_rollout_token_assembly_equals_whole_transcript(chat_tokenizers):
+@pytest.mark.parametrize("format_name", PROPERTY_FORMATS)
+def test_rollout_token_assembly_equals_whole_transcript(chat_tokenizers, format_name):
     """What OpenRLHF's multi-turn executor builds (prompt, then action tokens, then feedback) equals SFT's tokens."""
+    turns = TURNS_BY_FORMAT[format_name]
     for name, tokenizer, template in chat_tokenizers:
-        renderer = ChatRenderer(tokenizer, chat_template=template)
+        renderer = ChatRenderer(tokenizer, format_name, chat_template=template)
         ids = lambda text, tok=tokenizer: tok(text, add_special_tokens=False)["input_ids"]
         tokens = ids(renderer.prompt(QUESTION))
-        for number, turn in enumerate(TURNS, start=1):
+        for number, turn in enumerate(turns, start=1):
             action = ids(renderer.format.render_step(turn.step)) + renderer.stop_token_ids
             tokens += action
             if not turn.step.is_final:
                 tokens += ids(renderer.observation(turn.documents, number))
-        assert tokens == ids(renderer.transcript(QUESTION, TURNS)), name
+        assert tokens == ids(renderer.transcript(QUESTION, turns)), name
 
 
 def test_the_stop_token_ends_each_step(chat_tokenizers):
@@ -328,27 +458,30 @@ def test_the_stop_token_ends_each_step(chat_tokenizers):
 step_lists = st.lists(steps, min_size=1, max_size=4)
 
 
+@pytest.mark.parametrize("format_name", PROPERTY_FORMATS)
 @settings(
     max_examples=25,
     deadline=None,
     suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture],
 )
-@given(st.data())
-def test_prefix_consistency_property(chat_tokenizers, data):
+@given(data=st.data())
+def test_prefix_consistency_property(chat_tokenizers, format_name, data):
     """For generated trajectories, tokens of steps 1..k prefix those of 1..k+1 on every tokenizer."""
-    drawn = data.draw(step_lists)
+    fmt = get_format(format_name)
+    drawn = [fmt.express(step) for step in data.draw(step_lists)]
+    turns = [
+        Turn(Step(s.analysis or "a", query=s.query or "q", reflection=s.reflection) if i < len(drawn) - 1 else s)
+        for i, s in enumerate(drawn)
+    ]
     try:
-        for step in drawn:
-            render_step(step)
+        for turn in turns:
+            fmt.render_step(turn.step)
     except ValueError:
         assume(False)
         return
-    turns = [
-        Turn(Step(s.analysis, query=s.query or "q") if i < len(drawn) - 1 else s, DOCS[: i % 3])
-        for i, s in enumerate(drawn)
-    ]
+    turns = [Turn(turn.step, DOCS[: i % 3]) for i, turn in enumerate(turns)]
     for name, tokenizer, template in chat_tokenizers:
-        renderer = ChatRenderer(tokenizer, chat_template=template)
+        renderer = ChatRenderer(tokenizer, fmt, chat_template=template)
         previous: list[int] = []
         for k in range(len(turns) + 1):
             ids = tokenizer(renderer.transcript(QUESTION, turns[:k]), add_special_tokens=False)["input_ids"]

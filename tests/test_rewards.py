@@ -58,34 +58,72 @@ def test_registry_and_validation():
         Episode("maybe", [])
 
 
-def test_staged_rc_follows_the_stage_and_the_retrieval_count():
-    scheme = get_scheme("staged_rc", switch_step=10)
-    two = {"relevance": [0.0, 0.0], "queries": ["film director", "director birthplace"], "query_similarity": 0.4}
-    # stage 1: wrong answers earn 0.3 per retrieval; two queries cost their mean similarity; +1 format
-    assert scheme.step_rewards(Episode(Outcome.WRONG, **two)) == pytest.approx([0, 0, -1 + 0.6 - 0.4 + 1])
-    assert scheme.step_rewards(Episode(Outcome.CORRECT, **two)) == pytest.approx([0, 0, 1 - 0.4 + 1])
-    # stage 2: correct answers pay 0.3 per retrieval, wrong ones get -1 flat
-    late = {**two, "training_step": 10}
-    assert scheme.step_rewards(Episode(Outcome.CORRECT, **late)) == pytest.approx([0, 0, 1 - 0.6 - 0.4 + 1])
-    assert scheme.step_rewards(Episode(Outcome.WRONG, **late)) == pytest.approx([0, 0, -1 - 0.4 + 1])
-    # one verbose query costs 1; a format failure flips the format term; no answer is wrong, at its last step
-    verbose = Episode(Outcome.CORRECT, [0.0], queries=["what is the name of the director of the film?"])
-    assert scheme.step_rewards(verbose) == pytest.approx([0, 1 - 1 + 1])
-    assert scheme.step_rewards(Episode(Outcome.FORMAT_ERROR, [0.0], queries=["director"])) == pytest.approx(
-        [0, -1 + 0.3 - 1]
-    )
-    assert scheme.step_rewards(Episode(Outcome.NO_ANSWER, [0.0], queries=["director"])) == pytest.approx([-1 + 0.3 + 1])
+CONCISE, VERBOSE = "Marta Kell birthplace", "what is the name of the place where Marta Kell was born?"
+TWO = {"relevance": [0.0, 0.0], "queries": ["film director", "director birthplace"], "query_similarity": 0.4}
+
+
+@pytest.mark.parametrize(
+    ("episode", "options", "expected"),
+    [
+        # stage 1 (step < switch_step 10): correct 1; wrong -1 + 0.3 RC
+        (Episode(Outcome.CORRECT, **TWO), {}, 1 - 0.4 + 1),
+        (Episode(Outcome.WRONG, **TWO), {}, -1 + 0.6 - 0.4 + 1),
+        (Episode(Outcome.CORRECT, [], training_step=9), {}, 1 + 0 + 1),  # no retrieval: no search term
+        # stage 2 (from step 10): correct 1 - 0.3 RC; wrong -1
+        (Episode(Outcome.CORRECT, **TWO, training_step=10), {}, 1 - 0.6 - 0.4 + 1),
+        (Episode(Outcome.WRONG, **TWO, training_step=10), {}, -1 - 0.4 + 1),
+        (Episode(Outcome.CORRECT, [0.0], queries=[CONCISE]), {"switch_step": 0}, 1 - 0.3 + 0 + 1),
+        # the search term: one concise query 0, one verbose query -1, several: minus their mean cosine
+        (Episode(Outcome.CORRECT, [0.0], queries=[VERBOSE]), {}, 1 - 1 + 1),
+        (Episode(Outcome.CORRECT, [0.0, 0.0]), {"diversity": False}, 1 + 0 + 1),
+        (
+            Episode(Outcome.WRONG, [0.0, 0.0, 0.0], queries=["a", "b", "c"], query_similarity=0.9),
+            {},
+            -1 + 0.9 - 0.9 + 1,
+        ),
+        # the format term: -1 for a broken step, and for running out of steps (both shapes end in an answer)
+        (Episode(Outcome.FORMAT_ERROR, [0.0], queries=[CONCISE]), {}, -1 + 0.3 - 1),
+        (Episode(Outcome.FORMAT_ERROR, []), {}, -1 - 1),
+        (Episode(Outcome.NO_ANSWER, [0.0], queries=[CONCISE]), {}, -1 + 0.3 - 1),
+        (Episode(Outcome.NO_ANSWER, [0.0], queries=[CONCISE], training_step=10), {}, -1 - 1),
+        # constants are options
+        (Episode(Outcome.WRONG, **TWO), {"beta": 0.5, "format_reward": 0.5}, -1 + 1.0 - 0.4 + 0.5),
+    ],
+)
+def test_lws_reward_table(episode, options, expected):
+    scheme = get_scheme("lws", **{"switch_step": 10, **options})
+    rewards = scheme.step_rewards(episode)
+    assert len(rewards) == episode.num_steps and rewards[:-1] == [0.0] * (episode.num_steps - 1)
+    assert rewards[-1] == pytest.approx(expected)
+
+
+def test_lws_declares_what_it_needs():
+    scheme = get_scheme("lws", switch_step=7)
+    assert scheme.needs_training_step and scheme.needs_query_similarity and not scheme.needs_relevance
+    assert scheme.stage_switch == 7 and get_scheme("r3").stage_switch is None
+    assert not get_scheme("lws", diversity=False).needs_query_similarity
     with pytest.raises(ValueError, match="query embeddings"):
         scheme.step_rewards(Episode(Outcome.CORRECT, [0.0, 0.0], queries=["a", "b"]))
-    assert get_scheme("staged_rc", diversity=False).step_rewards(Episode(Outcome.CORRECT, [0.0, 0.0])) == [0, 0, 2.0]
+    with pytest.raises(ValueError, match="beta and switch_step"):
+        get_scheme("lws", beta=-0.1)
 
 
-def test_is_concise_rule():
-    assert is_concise("Hestolvale Tower director")
-    assert not is_concise("who directed Hestolvale Tower")
-    assert not is_concise("Hestolvale Tower director?")
-    assert not is_concise(" ".join(["word"] * 11))
-    assert not is_concise("")
+@pytest.mark.parametrize(
+    ("query", "concise"),
+    [
+        ("Hestolvale Tower director", True),
+        ("birthplace of Marta Kell", True),
+        ("Marta Kell", True),
+        ("who directed Hestolvale Tower", False),  # a question word
+        ("Hestolvale Tower director?", False),  # a question mark
+        (" ".join(["word"] * 11), False),  # too long
+        ("", False),
+        ("the name of the director of the film", False),  # function words
+        ("please find information about Marta Kell", False),  # fillers
+    ],
+)
+def test_is_concise_rule(query, concise):
+    assert is_concise(query) is concise
 
 
 def test_gold_hit_rewards_new_gold_and_completion_and_zeroes_early_stops():

@@ -13,6 +13,7 @@ import asyncio
 import json
 
 import httpx
+import numpy as np
 import pytest
 import yaml
 from conftest import (
@@ -21,6 +22,7 @@ from conftest import (
     ServiceProcess,
     answer_step,
     make_tokenizer,
+    minilm_path,
     query_step,
     save_tiny_causal_lm,
 )
@@ -30,9 +32,11 @@ from hypothesis import strategies as st
 from r3_env.data import Passage
 from r3_env.env import EnvConfig, RetrievalEnv, StepKind
 from r3_env.hf_engine import HFEngine, SamplingParams
-from r3_env.protocol import ChatRenderer
+from r3_env.protocol import ChatRenderer, Step, get_format
 from r3_env.retrieval.base import Hit
+from r3_env.retrieval.encoder import Encoder
 from r3_env.retrieval.index_builder import IndexBuildConfig, build_index
+from r3_env.rewards import is_concise
 from r3_env.rollout import RewardConfig, RolloutConfig, RolloutContext, ServicesConfig, run_episode
 from r3_env.world.build import WorldConfig, generate_world
 
@@ -150,6 +154,19 @@ def test_env_regenerates_a_malformed_step_up_to_format_retries_then_fails(tokeni
     truncated = RetrievalEnv(EnvConfig(format_retries=2), ChatRenderer(tokenizer), FixedSearch(), "Q?")
     assert run(truncated.step(query_step("a", "q"), closed=False)).done  # a cut-off step is not regenerated
     assert truncated.format_error == "truncated"
+
+
+def test_a_reasoning_models_think_block_gets_its_own_budget_and_is_not_part_of_the_step(tokenizer):
+    config = EnvConfig(max_step_tokens=96, think_tokens=400)
+    assert config.step_budget == 496 and EnvConfig().step_budget == 512
+    env = RetrievalEnv(config, ChatRenderer(tokenizer), FixedSearch(), "Q?")
+    run(env.step("<think>\nWhich film? I should look it up.\n</think>\n\n" + query_step("a", "q")))
+    assert env.steps[0].analysis == "a" and env.steps[0].query == "q"
+    cut = RetrievalEnv(config, ChatRenderer(tokenizer), FixedSearch(), "Q?")
+    assert run(cut.step("<think>\nStill thinking when the budget ran out")).done
+    assert cut.format_error == "unclosed_tag"
+    with pytest.raises(ValueError, match="think_tokens"):
+        EnvConfig(think_tokens=-1)
 
 
 def test_env_closes_the_turn_for_a_step_that_stopped_on_another_token(tokenizer):
@@ -282,6 +299,57 @@ def test_outcome_and_gold_hit_schemes_and_format_regeneration(world, retriever, 
     assert early.step_rewards == [0.0] and early.score == 0.0
 
 
+def test_lws_on_the_tags_format_follows_the_trainers_step_and_the_shapes(world, retriever, reward, tokenizer, model):
+    """The stage clock reaches the reward as on a cluster: episodes this engine ran // episodes_per_step."""
+    tags = get_format("tags")
+    row = world["rows"][6]
+    first, second = hops(row)
+    gold = row["golden_answers"][0]
+    plan = [
+        tags.render_step(Step("I need the first fact.", query=first)),
+        tags.render_step(Step("Next the second.", query=second, reflection="The documents name it.")),
+        tags.render_step(Step("", answer=gold, reflection="Both facts are in.")),
+    ]
+    no_reflection = plan[:1] + [tags.render_step(Step("Next the second.", query=second))]
+    sections = {
+        "policy": {"step_format": "tags"},
+        "reward": {
+            "scheme": "lws",
+            "options": {"switch_step": 2},
+            "query_encoder": minilm_path(),
+            "episodes_per_step": 2,
+            "start_step": 1,
+        },
+    }
+
+    async def main():
+        ctx = RolloutContext(config(retriever, reward, **sections), tokenizer)
+        script = Script(tokenizer, {row["question"]: plan}, step_format="tags")
+        engine = HFEngine(model, tokenizer, max_batch=4, script=script)
+        results = []
+        for episode in range(3):  # steps 1, 1, 2: the last one is in stage 2
+            script.plans = {row["question"]: no_reflection if episode == 1 else plan}
+            results.append(await run_episode(ctx, engine, row["question"], json.dumps(row), SamplingParams(), 4096))
+        await ctx.aclose()
+        return ctx, results
+
+    ctx, (stage1, broken, stage2) = run(main())
+    assert ctx.training_step == 2 and [r.outcome for r in (stage1, broken, stage2)] == [
+        "correct",
+        "format_error",
+        "correct",
+    ]
+    vectors = Encoder(minilm_path()).encode([first, second])
+    similarity = float(vectors[0] @ vectors[1] / (np.linalg.norm(vectors[0]) * np.linalg.norm(vectors[1])))
+    assert stage1.step_rewards == pytest.approx([0.0, 0.0, 1.0 - similarity + 1.0], abs=1e-5)
+    assert stage2.step_rewards == pytest.approx([0.0, 0.0, 1.0 - 0.3 * 2 - similarity + 1.0], abs=1e-5)
+    # after <information> a tags turn opens with <reflect>: the second step broke the shape
+    assert broken.record["steps"][1]["format_error"] == "missing_reflection"
+    assert not is_concise(first)  # the world's sub-questions are questions: -1 for a single verbose query
+    assert broken.step_rewards[-1] == pytest.approx(-1.0 + 0.3 * 1 - 1.0 - 1.0)  # stage 1, wrong, RC 1, bad format
+    assert stage1.record["steps"][1]["reflection"] == "The documents name it."
+
+
 def test_a_dead_service_gives_a_flagged_neutral_episode_not_an_exception(world, reward, tokenizer, model):
     from conftest import free_port
 
@@ -349,12 +417,12 @@ def test_rollout_config_reads_the_agent_environment_variables(tmp_path, monkeypa
         RolloutConfig.from_environment()
 
 
-def test_staged_rc_needs_its_clock_and_encoder_configured(tokenizer):
+def test_lws_needs_its_clock_and_encoder_configured(tokenizer):
     with pytest.raises(ValueError, match="query_encoder"):
-        RolloutContext(RolloutConfig(reward=RewardConfig(scheme="staged_rc")), tokenizer, search=FixedSearch())
+        RolloutContext(RolloutConfig(reward=RewardConfig(scheme="lws")), tokenizer, search=FixedSearch())
     with pytest.raises(ValueError, match="episodes_per_step"):
         RolloutContext(
-            RolloutConfig(reward=RewardConfig(scheme="staged_rc", options={"diversity": False})),
+            RolloutConfig(reward=RewardConfig(scheme="lws", options={"diversity": False})),
             tokenizer,
             search=FixedSearch(),
         )

@@ -64,21 +64,28 @@ BROAD = (
     "The question involves several facts; let me first search for it as a whole.",
     "I will begin with a search for the whole question and see what it returns.",
 )
+# After documents, a step says what they told (its reflection), then what it does next (its analysis);
+# a format without a reflection section reads them as one analysis (StepFormat.express).
 AFTER_BROAD = (
-    "The documents for my last query do not answer it as a whole: that query was too broad. I will split it "
-    "and first ask: {sub}",
-    "The last search was too broad; its documents do not match the question directly. Splitting it, the first "
-    "piece I need is: {sub}",
+    (
+        "The documents for my last query do not answer it as a whole: that query was too broad.",
+        "I will split it and first ask: {sub}",
+    ),
+    (
+        "The last search was too broad; its documents do not match the question directly.",
+        "Splitting it, the first piece I need is: {sub}",
+    ),
 )
 FOUND = (
-    "The documents state that the {relation} of {subject} is {answer}. Next I need: {sub}",
-    "From the retrieved passage about {subject}: {relation} is {answer}. The remaining missing piece is: {sub}",
-    "Now I know that {answer} is the {relation} of {subject}. I still need: {sub}",
+    ("The documents state that the {relation} of {subject} is {answer}.", "Next I need: {sub}"),
+    ("From the retrieved passage about {subject}: {relation} is {answer}.", "The remaining missing piece is: {sub}"),
+    ("Now I know that {answer} is the {relation} of {subject}.", "I still need: {sub}"),
 )
 MISSED = (
-    "None of the documents gives the {relation} of {subject}. I will rephrase the query.",
-    "The retrieved documents do not mention the {relation} of {subject}; let me search with different words.",
+    ("None of the documents gives the {relation} of {subject}.", "I will rephrase the query."),
+    ("The retrieved documents do not mention the {relation} of {subject};", "let me search with different words."),
 )
+NOT_FOUND = ("The documents do not hold what I need yet.", "The retrieved documents are not about it.")
 FINAL = (
     "I now have every piece: {facts}. Therefore the answer is {answer}.",
     "Combining the evidence ({facts}), the answer to the question is {answer}.",
@@ -119,7 +126,7 @@ class ScriptedTeacher(Teacher):
         self.format = get_format(step_format)
 
     async def next_step(self, request: TeacherRequest) -> ChatReply:
-        return ChatReply(self.format.render_step(self.plan(request)))
+        return ChatReply(self.format.render_step(self.format.express(self.plan(request))))
 
     def plan(self, request: TeacherRequest) -> Step:
         subs = decomposition(request)
@@ -136,11 +143,11 @@ class ScriptedTeacher(Teacher):
         if not missing:
             facts = "; ".join(f"the {s.noun} of {s.subject} is {s.answer}" for s in subs)
             answer = request.item.golden_answers[0]
-            return Step(rng.choice(FINAL).format(facts=facts, answer=answer), answer=answer)
+            return Step("", answer=answer, reflection=rng.choice(FINAL).format(facts=facts, answer=answer))
         target = missing[0]
         if queries_left <= 1:  # another query would end the episode before its documents are shown
             missing_fact = f"{target.noun} of {target.subject}"
-            return Step(rng.choice(GIVE_UP).format(missing=missing_fact), answer="unknown")
+            return Step("", answer="unknown", reflection=rng.choice(GIVE_UP).format(missing=missing_fact))
 
         asked = [turn.step.query for turn in turns]
         wordings = target.queries()
@@ -148,21 +155,23 @@ class ScriptedTeacher(Teacher):
         fresh = [q for q in wordings if q not in asked]
         query = fresh[0] if not tried else rng.choice(fresh or wordings)
         if not turns:
-            analysis = rng.choice(OPENINGS).format(sub=target.question)
-        elif turns[-1].step.query == request.item.question:
-            analysis = rng.choice(AFTER_BROAD).format(sub=target.question)
-        elif tried:
-            analysis = rng.choice(MISSED).format(relation=target.noun, subject=target.subject)
-        else:
-            last_shown = {doc.id for doc in turns[-1].documents}
-            found = [s for s in subs if s.passage_id in last_shown]
-            # what the last query was after, when it was found; else whatever else it turned up
-            found.sort(key=lambda s: turns[-1].step.query not in s.queries())
-            analysis = (
-                rng.choice(FOUND).format(
-                    relation=found[0].noun, subject=found[0].subject, answer=found[0].answer, sub=target.question
-                )
-                if found
-                else rng.choice(OPENINGS).format(sub=target.question)
-            )
-        return Step(analysis, query=query)
+            return Step(rng.choice(OPENINGS).format(sub=target.question), query=query)
+        if turns[-1].step.query == request.item.question:
+            reflection, plan = rng.choice(AFTER_BROAD)
+            return Step(plan.format(sub=target.question), query=query, reflection=reflection)
+        if tried:
+            reflection, plan = rng.choice(MISSED)
+            return Step(plan, query=query, reflection=reflection.format(relation=target.noun, subject=target.subject))
+        last_shown = {doc.id for doc in turns[-1].documents}
+        found = [s for s in subs if s.passage_id in last_shown]
+        if not found:
+            return Step(rng.choice(OPENINGS).format(sub=target.question), query=query, reflection=rng.choice(NOT_FOUND))
+        # what the last query was after, when it was found; else whatever else it turned up
+        found.sort(key=lambda s: turns[-1].step.query not in s.queries())
+        reflection, plan = rng.choice(FOUND)
+        fact = found[0]
+        return Step(
+            plan.format(sub=target.question),
+            query=query,
+            reflection=reflection.format(relation=fact.noun, subject=fact.subject, answer=fact.answer),
+        )

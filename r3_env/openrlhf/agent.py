@@ -14,6 +14,7 @@ step's last token, which needs ``r3_env.openrlhf.step_rewards`` installed in the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from openrlhf.utils.agent import AgentExecutorBase
@@ -45,7 +46,14 @@ def to_openrlhf(result: RolloutResult, label: Any, placement: str) -> dict[str, 
 
 
 class AgentExecutor(AgentExecutorBase):
-    def __init__(self, config: RolloutConfig | None = None, search: Any = None, judge: Any = None) -> None:
+    def __init__(
+        self,
+        config: RolloutConfig | None = None,
+        search: Any = None,
+        judge: Any = None,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
+        """``search``, ``judge``: in-process stand-ins for the services; ``clock``: the trainer's step, where known."""
         self.config = config or RolloutConfig.from_environment()
         if self.config.reward.placement == "step" and not step_rewards.active():
             raise RuntimeError(
@@ -53,13 +61,13 @@ class AgentExecutor(AgentExecutorBase):
                 "worker: launch with `python -m r3_env.openrlhf.train ...` (launch/ppo_r3.sh does), or set "
                 'R3RAG_AGENT_OVERRIDES=\'{"reward.placement": "scalar"}\' for one reward per episode'
             )
-        self._search, self._judge = search, judge
+        self._search, self._judge, self._clock = search, judge, clock
         self._context: RolloutContext | None = None
 
     def context(self, tokenizer: Any) -> RolloutContext:
         """The shared context, made on first use inside the rollout actor's event loop."""
         if self._context is None:
-            context = RolloutContext(self.config, tokenizer, search=self._search, judge=self._judge)
+            context = RolloutContext(self.config, tokenizer, search=self._search, judge=self._judge, clock=self._clock)
             context.renderer.check_tokenization("Who wrote it?", _SAMPLE_TURNS)
             self._context = context
         return self._context

@@ -28,18 +28,22 @@ def _clean(text: str | None) -> str | None:
 class Step:
     """One step of a trajectory: an analysis, then either one retrieval query or the final answer.
 
-    Surrounding whitespace is stripped on construction, so a rendered-then-parsed step compares
-    equal to the original.
+    ``reflection`` is what the step makes of the documents just read, for formats that give it a
+    section of its own (``tags``); formats without one fold it into the analysis
+    (:meth:`StepFormat.express`). Surrounding whitespace is stripped on construction (an empty
+    reflection is None), so a rendered-then-parsed step compares equal to the original.
     """
 
     analysis: str
     query: str | None = None
     answer: str | None = None
+    reflection: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "analysis", _clean(self.analysis))
         object.__setattr__(self, "query", _clean(self.query))
         object.__setattr__(self, "answer", _clean(self.answer))
+        object.__setattr__(self, "reflection", _clean(self.reflection) or None)
         if (self.query is None) == (self.answer is None):
             raise ValueError("a Step has exactly one of query= or answer=")
 
@@ -65,6 +69,10 @@ class FormatReason(str, enum.Enum):
     MULTIPLE_ANSWERS = "multiple_answers"
     EMPTY_ANSWER = "empty_answer"
     TEXT_AFTER_ANSWER = "text_after_answer"
+    UNCLOSED_TAG = "unclosed_tag"  # a tag (or a reasoning model's think block) opened and never closed
+    STRAY_TEXT = "stray_text"  # text or a tag the format has no place for
+    MISSING_REFLECTION = "missing_reflection"  # tags: after documents, and before an answer, comes a reflection
+    MISPLACED_REFLECTION = "misplaced_reflection"  # tags: a reflection with nothing retrieved, or not first
     TRUNCATED = "truncated"  # generation hit its token limit before the step ended
 
 
@@ -94,6 +102,19 @@ class StepFormat(ABC):
 
     name: str
 
+    def express(self, step: Step) -> Step:
+        """``step`` as this format can write it: a format without a reflection section folds it into the analysis."""
+        if step.reflection is None:
+            return step
+        analysis = " ".join(part for part in (step.reflection, step.analysis) if part)
+        return Step(analysis, query=step.query, answer=step.answer)
+
+    def check_turn(self, step: Step, after_documents: bool) -> None:  # noqa: B027 (a hook that accepts by default)
+        """Raise FormatError when a well-formed step is out of place (``after_documents``: a retrieval came before).
+
+        Formats whose steps look the same at every position accept everything.
+        """
+
     @abstractmethod
     def system_prompt(self) -> str:
         """The instructions given to the policy as the system message."""
@@ -106,9 +127,11 @@ class StepFormat(ABC):
     def answer_only_prompt(self, with_documents: bool) -> str:
         """Instructions for answering in one final step with no retrieval (the CoT and naive-RAG baselines)."""
 
-    @abstractmethod
+    question_prefix = "Question: "
+
     def render_question(self, question: str) -> str:
-        """The first user turn."""
+        """The first user turn: the question on one line after ``question_prefix``."""
+        return render_prefixed(self.question_prefix, question)
 
     @abstractmethod
     def render_step(self, step: Step) -> str:
@@ -126,9 +149,9 @@ class StepFormat(ABC):
     def parse_documents(self, text: str) -> list[Passage]:
         """The documents of an environment turn rendered by :meth:`render_documents` (ids are their numbers)."""
 
-    @abstractmethod
     def find_question(self, text: str) -> str | None:
         """The question in a rendered prompt (the last one, if several), or None."""
+        return find_prefixed(text, self.question_prefix)
 
     @abstractmethod
     def find_answer(self, text: str) -> str | None:
@@ -157,6 +180,29 @@ def get_format(name: str | StepFormat) -> StepFormat:
         return _FORMATS[name]()
     except KeyError:
         raise ValueError(f"unknown step format {name!r}; choose one of: {', '.join(available_formats())}") from None
+
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def strip_thinking(text: str) -> str:
+    """``text`` without a reasoning model's leading think block (Qwen3 style), which is not part of the step.
+
+    A think block that never closes (the step's token budget ran out while thinking) is a FormatError.
+    """
+    body = text.lstrip()
+    if not body.startswith(THINK_OPEN):
+        return text
+    end = body.find(THINK_CLOSE)
+    if end < 0:
+        raise FormatError(FormatReason.UNCLOSED_TAG, "the think block never closes (raise env.think_tokens?)")
+    return body[end + len(THINK_CLOSE) :]
+
+
+def refuse_reflection(step: Step, name: str) -> None:
+    """render_step's check for formats without a reflection section."""
+    if step.reflection is not None:
+        raise ValueError(f"the {name} format has no reflection section: render format.express(step)")
 
 
 def truncate_text(text: str, limit: int) -> str:
@@ -194,6 +240,11 @@ def parse_document_blocks(body: str) -> list[Passage]:
         if match:
             documents.append(Passage.from_title_text(match.group(1), match.group(2).strip(), rest.strip()))
     return documents
+
+
+def answer_source(with_documents: bool) -> str:
+    """What an answer-only prompt tells the model to answer from."""
+    return "the documents below and your own knowledge" if with_documents else "your own knowledge"
 
 
 def render_prefixed(prefix: str, question: str) -> str:

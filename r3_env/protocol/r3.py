@@ -26,18 +26,18 @@ from r3_env.protocol.base import (
     FormatReason,
     Step,
     StepFormat,
-    find_prefixed,
+    answer_source,
     normalize_newlines,
     parse_document_blocks,
+    refuse_reflection,
     register_format,
     render_document_blocks,
-    render_prefixed,
+    strip_thinking,
 )
 
 ANALYSIS = "The problem analysis:"
 QUERY = "The retrieval query:"
 ANSWER = "The final answer:"
-QUESTION = "Question: "
 
 _KIND_BY_WORDS = {"problem analysis": "analysis", "retrieval query": "query", "final answer": "answer"}
 
@@ -100,17 +100,15 @@ class R3Format(StepFormat):
         )
 
     def answer_only_prompt(self, with_documents: bool) -> str:
-        source = "the documents below and your own knowledge" if with_documents else "your own knowledge"
+        source = answer_source(with_documents)
         return (
             f"Answer the question from {source}. Reason step by step, then give a short answer "
             "(a name, a date, a number or yes/no), in exactly this layout:\n\n"
             f"{ANALYSIS} <your reasoning>\n{ANSWER} <a short answer>"
         )
 
-    def render_question(self, question: str) -> str:
-        return render_prefixed(QUESTION, question)
-
     def render_step(self, step: Step) -> str:
+        refuse_reflection(step, self.name)
         if not step.analysis:
             raise ValueError("step.analysis is empty")
         for line in step.analysis.split("\n")[1:]:
@@ -129,7 +127,7 @@ class R3Format(StepFormat):
     def parse_step(self, text: str) -> Step:
         if not isinstance(text, str):
             raise FormatError(FormatReason.EMPTY, f"expected text, got {type(text).__name__}")
-        text = normalize_newlines(text)
+        text = strip_thinking(normalize_newlines(text))
         if not text.strip():
             raise FormatError(FormatReason.EMPTY, "the output is empty")
 
@@ -194,9 +192,6 @@ class R3Format(StepFormat):
     def parse_documents(self, text: str) -> list[Passage]:
         _, _, body = normalize_newlines(text).strip().partition("\n")  # a header line, then the blocks
         return parse_document_blocks(body)
-
-    def find_question(self, text: str) -> str | None:
-        return find_prefixed(text, QUESTION)
 
     def find_answer(self, text: str) -> str | None:
         lines = normalize_newlines(text).split("\n")

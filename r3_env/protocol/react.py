@@ -16,15 +16,15 @@ from r3_env.protocol.base import (
     FormatReason,
     Step,
     StepFormat,
-    find_prefixed,
+    answer_source,
     normalize_newlines,
     parse_document_blocks,
+    refuse_reflection,
     register_format,
     render_document_blocks,
-    render_prefixed,
+    strip_thinking,
 )
 
-QUESTION = "Question: "
 _THOUGHT = re.compile(r"^\s*thought(?:\s*\d+)?\s*:\s*(.*)$", re.IGNORECASE)
 _ACTION = re.compile(r"^\s*action(?:\s*\d+)?\s*:\s*(.*)$", re.IGNORECASE)
 _CALL = re.compile(r"^(search|finish)\s*\[([^\[\]]*)\]\s*$", re.IGNORECASE)  # no brackets inside: render agrees
@@ -51,16 +51,14 @@ class ReActFormat(StepFormat):
         return ("\nObservation:",)  # ReAct-prompted models go on to imagine the observation
 
     def answer_only_prompt(self, with_documents: bool) -> str:
-        source = "the documents below and your own knowledge" if with_documents else "your own knowledge"
+        source = answer_source(with_documents)
         return (
             f"Answer the question from {source}. Think step by step, then finish, in exactly this layout:\n\n"
             "Thought: <your reasoning>\nAction: Finish[<a short answer>]"
         )
 
-    def render_question(self, question: str) -> str:
-        return render_prefixed(QUESTION, question)
-
     def render_step(self, step: Step) -> str:
+        refuse_reflection(step, self.name)
         if not step.analysis:
             raise ValueError("step.analysis is empty")
         action = step.query if step.query is not None else step.answer
@@ -74,7 +72,10 @@ class ReActFormat(StepFormat):
     def parse_step(self, text: str) -> Step:
         if not isinstance(text, str) or not text.strip():
             raise FormatError(FormatReason.EMPTY, "the output is empty")
-        lines = normalize_newlines(text).strip().split("\n")
+        text = strip_thinking(normalize_newlines(text))
+        if not text.strip():
+            raise FormatError(FormatReason.EMPTY, "the output holds only a think block")
+        lines = text.strip().split("\n")
         thoughts = [i for i, line in enumerate(lines) if _THOUGHT.match(line)]
         actions = [i for i, line in enumerate(lines) if _ACTION.match(line)]
         if not thoughts:
@@ -115,9 +116,6 @@ class ReActFormat(StepFormat):
     def parse_documents(self, text: str) -> list[Passage]:
         _, _, body = normalize_newlines(text).strip().partition("\n")
         return parse_document_blocks(body)
-
-    def find_question(self, text: str) -> str | None:
-        return find_prefixed(text, QUESTION)
 
     def find_answer(self, text: str) -> str | None:
         found = re.findall(r"finish\s*\[([^\]\n]*)\]", normalize_newlines(text), re.IGNORECASE)

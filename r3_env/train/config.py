@@ -74,8 +74,12 @@ class PPOConfig:
     max_epochs: int = field(default=1, metadata={"help": "passes over each iteration's episodes"})
     actor_lr: float = field(default=2e-5, metadata={"help": "policy learning rate (--actor.adam.lr)"})
     critic_lr: float = field(default=1e-4, metadata={"help": "critic learning rate (--critic.adam.lr)"})
-    estimator: Literal["gae", "reinforce"] = field(
-        default="gae", metadata={"help": "advantages: gae (critic, the paper's PPO) or reinforce (no critic)"}
+    estimator: Literal["gae", "reinforce", "group_norm"] = field(
+        default="gae",
+        metadata={
+            "help": "advantages: gae (critic, the paper's PPO), reinforce (no critic) or group_norm (GRPO/DAPO: "
+            "rewards normalised within each question's samples; needs reward.placement scalar)"
+        },
     )
     gamma: float = field(default=1.0, metadata={"help": "discount (--algo.advantage.gamma)"})
     lambd: float = field(default=0.95, metadata={"help": "GAE lambda (--algo.advantage.lambd)"})
@@ -84,6 +88,9 @@ class PPOConfig:
     kl_horizon: int = field(default=10000, metadata={"help": "adaptive KL horizon (--algo.kl.horizon)"})
     kl_estimator: Literal["k1", "k2", "k3"] = field(default="k1", metadata={"help": "--algo.kl.estimator"})
     eps_clip: float = field(default=0.2, metadata={"help": "PPO ratio clip (--actor.eps_clip)"})
+    eps_clip_high: float = field(
+        default=0.0, metadata={"help": "upper ratio clip, DAPO's clip-higher (0: eps_clip; --actor.eps_clip_low_high)"}
+    )
     value_clip: float = field(default=0.5, metadata={"help": "value clip (--critic.value_clip)"})
     reward_clip: float = field(
         default=10.0, metadata={"help": "episode rewards clipped to +-this (--reward.clip_range)"}
@@ -108,6 +115,10 @@ class PPOConfig:
             raise ValueError("ppo learning rates, reward_clip and temperature must be positive")
         if not 0 <= self.gamma <= 1 or not 0 <= self.lambd <= 1:
             raise ValueError("ppo gamma and lambd must lie in [0, 1]")
+        if self.eps_clip <= 0 or self.eps_clip_high < 0:
+            raise ValueError("ppo.eps_clip must be positive and eps_clip_high 0 or more")
+        if self.estimator == "group_norm" and self.n_samples_per_prompt < 2:
+            raise ValueError("ppo.estimator group_norm normalises over a question's samples: n_samples_per_prompt >= 2")
 
     @property
     def episodes(self) -> int:

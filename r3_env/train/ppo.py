@@ -140,7 +140,7 @@ class PPOTrainer:
         else:
             self.kl_ctl = FixedKLController(ppo.init_kl_coef)
         self.maker = maker_cls(None, None, None, None, self.kl_ctl, strategy, self.tokenizer)
-        self.policy_loss = PolicyLoss(clip_eps_low=ppo.eps_clip, clip_eps_high=ppo.eps_clip)
+        self.policy_loss = PolicyLoss(clip_eps_low=ppo.eps_clip, clip_eps_high=ppo.eps_clip_high or ppo.eps_clip)
         self.value_loss = ValueLoss(clip_eps=ppo.value_clip)
         # torch.compile'd on GPU (OpenRLHF's choice); its eager body on CPU, where compiling costs more than it saves
         self.entropy = compute_entropy
@@ -151,7 +151,8 @@ class PPOTrainer:
         self.critic_optim = self.critic_sched = None
         if self.critic is not None:
             self.critic_optim, self.critic_sched = make_optimizer(self.critic, ppo.critic_lr, optimizer_steps)
-        self.executor = AgentExecutor(rollout, search=search, judge=judge)
+        # the staged reward schemes read the trainer's step: the iterations done so far (0 during the first)
+        self.executor = AgentExecutor(rollout, search=search, judge=judge, clock=lambda: self.iteration)
         self.engine = HFEngine(self.actor.model, self.tokenizer, max_batch=ppo.generate_batch)
         self.loop = asyncio.new_event_loop()
         self.context = self.loop.run_until_complete(self._context())  # its batchers belong to this loop
@@ -336,8 +337,10 @@ class PPOTrainer:
         )
         kl = float(torch.cat([b.info["kl"].flatten() for b in batches]).mean()) if batches else 0.0
         self.kl_ctl.update(kl, len(responses))
-        self.iteration += 1
         values = _episode_stats(responses)
+        if self.context.scheme.needs_training_step:  # the step the staged reward saw (its stage marks the report)
+            values["reward_step"] = float(self.context.training_step)
+        self.iteration += 1
         values.update(losses)
         values.update(
             kl=kl,

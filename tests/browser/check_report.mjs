@@ -2,7 +2,9 @@
 //
 //   node tests/browser/check_report.mjs REPORT.html OUT.json [PLAN.json]
 //
-// Without PLAN.json: the tables, plots, trajectory count, errors and requests. PLAN.json adds
+// Without PLAN.json: the tables (with the answers table's column titles), plots, answer-category bars (each
+// segment's category and drawn width), training figures (dots' and stage markers' x on screen), trajectory count,
+// errors and requests. PLAN.json adds
 //   filters:    [{run, dataset, verdict, steps}] (omitted keys: "all"): the visible count after each;
 //   gold:       {run, question}: open that trajectory, read its steps, gold marks and facts, expand a long document;
 //   hostile:    {run, question}: open it and read its documents' text;
@@ -62,7 +64,26 @@ async function overview(page) {
     title: await page.title(),
     mainRows: await page.locator("#main-table tbody tr").count(),
     mainCells,
+    mainColumns: await page.locator("#main-table thead tr").nth(1).locator("th").allTextContents(),
     retrievalRows: await page.locator("#retrieval-table tbody tr").count(),
+    categoryBars: await page.locator("#plot-categories g.bar").evaluateAll((bars) => bars.map((bar) => ({
+      dataset: bar.dataset.dataset,
+      run: bar.dataset.run,
+      segments: [...bar.querySelectorAll("rect.segment")].map((r) => [r.dataset.category, r.getBoundingClientRect().width]),
+    }))),
+    categoryCaption: await page.locator("figure.categories figcaption").textContent(),
+    categoryLegend: await page.locator("#plot-categories + .legend li").allTextContents(),
+    categoryRows: await page.locator("#categories-table tbody tr").evaluateAll((rows) =>
+      rows.map((row) => [...row.querySelectorAll("td")].map((td) => td.textContent))),
+    stageSwitch: (await page.locator("#stage-switch").allTextContents())[0] ?? null,
+    training: await page.locator("#training-plots figure").evaluateAll((figures) => {
+      const middle = (node) => { const box = node.getBoundingClientRect(); return box.x + box.width / 2; };
+      return figures.map((figure) => ({
+        caption: figure.querySelector("figcaption").textContent,
+        dots: [...figure.querySelectorAll("circle")].map(middle),
+        markers: [...figure.querySelectorAll("line.marker")].map(middle),
+      }));
+    }),
     stepsLines: await page.locator("#plot-steps .view:visible polyline").count(),
     stepsDots: await page.locator("#plot-steps .view:visible circle").count(),
     topkLines: await page.locator("#plot-topk .view:visible polyline").count(),
