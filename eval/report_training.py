@@ -4,7 +4,7 @@ PPO curves are per iteration: mean episode reward, outcome shares, retrievals pe
 KL to the reference and entropy, losses, steps and documents per episode, and where each
 iteration's time went. SFT's loss is per optimizer step.
 
-A staged reward (``lws``, "Learning when to search"; ``staged_rc`` before its rename) switches to
+A staged reward (``lws``, "Learning when to search") switches to
 stage 2 at ``reward.options.switch_step``: the PPO charts mark the switch, so RC's rise in stage
 1 and fall in stage 2 show against it.
 """
@@ -58,7 +58,6 @@ CHARTS: list[tuple[str, str, str, list[tuple[str, str]], bool]] = [
     ("sft", "SFT loss", "loss per token", [("loss", "loss")], False),
 ]
 X_LABELS = {"ppo": "PPO iteration", "sft": "SFT step"}
-OLD_SCHEME_NAMES = {"staged_rc": "lws"}  # run folders trained before the rename
 CONFIG_FILE = "config.json"  # r3_env.train.local.CONFIG_FILE (importing that module loads torch)
 
 
@@ -68,9 +67,8 @@ def stage_switch(run: Path) -> int | None:
     reward = (json.loads(path.read_text()).get("reward") or {}) if path.is_file() else {}
     if not reward.get("scheme"):
         return None
-    name = OLD_SCHEME_NAMES.get(reward["scheme"], reward["scheme"])
     try:
-        scheme = get_scheme(name, **(reward.get("options") or {}))
+        scheme = get_scheme(reward["scheme"], **(reward.get("options") or {}))
     except ValueError as error:  # a scheme or an option this version does not have
         logger.warning("%s: %s; no stage switch is marked", run, error)
         return None

@@ -68,6 +68,7 @@ CKPT_DIR="${CKPT_DIR:-$SAVE_DIR/ckpt}"
 SAVE_STEPS="${SAVE_STEPS:-20}"
 TENSORBOARD_DIR="${TENSORBOARD_DIR:-$SAVE_DIR/tb}"
 ROLLOUT_BATCH="${ROLLOUT_BATCH:-64}"
+START_STEP_SET="${START_STEP:-}"
 START_STEP="${START_STEP:-0}"
 ACTOR_LR="${ACTOR_LR:-5e-7}"
 EPISODES="${EPISODES:-4}"
@@ -123,7 +124,9 @@ if [[ ! -f "$AGENT_CONFIG" ]]; then
 fi
 
 # The agent reads its config from these in every Ray worker (r3_env.openrlhf.train forwards R3RAG_*).
-episodes_per_step=$(( (ROLLOUT_BATCH * SAMPLES_PER_PROMPT + VLLM_ENGINES - 1) / VLLM_ENGINES ))
+# A staged scheme's clock counts the episodes of one vLLM engine; OpenRLHF deals whole prompts to engines.
+# shellcheck disable=SC2017  # whole prompts per engine first, then their samples
+episodes_per_step=$(( ROLLOUT_BATCH / VLLM_ENGINES * SAMPLES_PER_PROMPT ))
 overrides="{\"services.retriever_url\": \"$RETRIEVER_URL\", \"services.reward_url\": \"$REWARD_URL\""
 overrides+=", \"reward.placement\": \"$PLACEMENT\", \"reward.episodes_per_step\": $episodes_per_step"
 overrides+=", \"reward.start_step\": $START_STEP"
@@ -152,6 +155,25 @@ fi
 overrides+="}"
 export R3RAG_AGENT_CONFIG="$AGENT_CONFIG"
 export R3RAG_AGENT_OVERRIDES="$overrides"
+
+# The config as the agent will read it; a scheme that changes with the training step needs an exact clock.
+staged_check='from r3_env.rewards import get_scheme
+from r3_env.rollout import RolloutConfig
+reward = RolloutConfig.from_environment().reward
+print(int(get_scheme(reward.scheme, **reward.options).needs_training_step))'
+staged="$("$PYTHON" -c "$staged_check")" || exit 2
+if (( staged )); then
+    if (( ROLLOUT_BATCH % VLLM_ENGINES )); then
+        echo "the reward's stage clock counts each vLLM engine's episodes, and OpenRLHF deals whole prompts to" \
+            "engines: ROLLOUT_BATCH ($ROLLOUT_BATCH) must divide by VLLM_ENGINES ($VLLM_ENGINES)" >&2
+        exit 2
+    fi
+    if [[ -z "${START_STEP_SET:-}" && -d "$CKPT_DIR" && -n "$(ls -A "$CKPT_DIR" 2>/dev/null)" ]]; then
+        echo "$CKPT_DIR holds a checkpoint this run resumes from: set START_STEP to its step (the newest" \
+            "global_step folder there) so the reward's stages resume where they were" >&2
+        exit 2
+    fi
+fi
 
 cmd=("$PYTHON" -m r3_env.openrlhf.train
     --actor.model_name_or_path "$POLICY"

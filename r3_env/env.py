@@ -157,8 +157,7 @@ class RetrievalEnv:
         try:
             if not closed:
                 raise FormatError(FormatReason.TRUNCATED, "the step hit the token limit before its end")
-            parsed = self.renderer.format.parse_step(action_text)
-            self.renderer.format.check_turn(parsed, after_documents=self.retrievals > 0)
+            parsed = self.renderer.format.read_turn(action_text, after_documents=self.retrievals > 0)
         except FormatError as error:
             if self._retries < self.config.format_retries and error.reason is not FormatReason.TRUNCATED:
                 self._retries += 1

@@ -231,16 +231,21 @@ class RolloutContext:
         self.correctness_batcher: Coalescer[dict, Judgement] = Coalescer(
             lambda items: judge_.correctness(items), services.max_batch, wait, "correctness", RewardServiceError
         )
-        self.encoder = None
+        self.encoder, self.query_prefix = None, ""
         if self.scheme.needs_query_similarity:
             if not config.reward.query_encoder:
                 raise ConfigError(
                     f"reward scheme {self.scheme.name!r} compares query embeddings: set reward.query_encoder "
                     "to an encoder folder (e5-base-v2, ...) or turn the scheme's diversity option off"
                 )
+            from r3_env.retrieval.config import instruction_prefix
             from r3_env.retrieval.encoder import Encoder
 
-            self.encoder = Encoder(config.reward.query_encoder)
+            # a sentence-transformers folder (Qwen3-Embedding, MiniLM) brings its own pooling; plain HF
+            # encoders (E5) are mean-pooled, with their family's query instruction
+            path = config.reward.query_encoder
+            self.encoder = Encoder(path, sentence_transformer=(Path(path) / "modules.json").is_file())
+            self.query_prefix = instruction_prefix(None, path, passage=False)
         self.clock: Callable[[], int] | None = clock
         if self.scheme.needs_training_step and clock is None and not config.reward.episodes_per_step:
             raise ConfigError(
@@ -397,7 +402,7 @@ async def _collect_relevance(traj: _Trajectory) -> None:
 def _mean_pairwise_cosine(ctx: RolloutContext, queries: list[str]) -> float:
     import numpy as np
 
-    vectors = ctx.encoder.encode(queries)
+    vectors = ctx.encoder.encode([ctx.query_prefix + query for query in queries])
     vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
     sims = vectors @ vectors.T
     n = len(queries)
@@ -444,6 +449,7 @@ async def _score(
         "verdict": verdict.method if verdict else None,
         "judge_fallbacks": sum(s.relevance_fallback for s in queries) + bool(verdict and verdict.fallback),
         "gold_found": len(seen),
+        "reward_step": episode.training_step if scheme.needs_training_step else None,
     }
     return outcome, scheme.step_rewards(episode), info
 
@@ -563,4 +569,6 @@ def _extra_logs(outcome: str, env: RetrievalEnv, info: dict, timing: dict, wall:
         out_of_context=timing.get("out_of_context", 0.0),
         environment_share=(wall - timing["generation"]) / wall if wall > 0 else 0.0,
     )
+    if info.get("reward_step") is not None:  # the training step a staged scheme saw (when its stage switched)
+        logs["reward_step"] = float(info["reward_step"])
     return logs

@@ -102,7 +102,7 @@ def parse_transcript(
             parsed.format_error = "truncated"
             break
         try:
-            step = fmt.parse_step(turn.action)
+            step = fmt.read_turn(turn.action, after_documents=bool(parsed.steps))
         except FormatError as error:
             parsed.format_error = error.reason.value
             break

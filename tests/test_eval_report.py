@@ -386,7 +386,6 @@ def test_training_curves_show_rc_and_the_stage_switch(tmp_path):
         markdown[-1] == "Stage 2 of the reward starts at PPO iteration 4 (RC 2.25 at iteration 3, the last of stage 1)."
     )
 
-    assert training_charts(write_training(tmp_path / "old", "staged_rc"))[0]["markers"][0]["first"] == 4
     assert all(chart["markers"] == [] for chart in training_charts(write_training(tmp_path / "r3", "r3", {})))
     assert stage_switch(write_training(tmp_path / "no-stage-1", options={"switch_step": 0})) is None
     assert stage_switch(write_training(tmp_path / "unknown", "no_such_scheme", {})) is None

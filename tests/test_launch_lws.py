@@ -62,7 +62,7 @@ def test_dapo_lws_resolves_to_the_papers_settings_in_openrlhfs_parser(monkeypatc
     [
         ({"SWITCH_STEP": "250", "BETA": "0.5"}, {"switch_step": 250, "beta": 0.5}, 128),
         ({"SWITCH_STEP": "0", "VLLM_ENGINES": "4"}, {"switch_step": 0, "beta": 0.3}, 256),
-        ({"BETA": "1e-1", "ROLLOUT_BATCH": "16", "SAMPLES_PER_PROMPT": "8", "VLLM_ENGINES": "3"}, {"beta": 0.1}, 43),
+        ({"BETA": "1e-1", "ROLLOUT_BATCH": "18", "SAMPLES_PER_PROMPT": "8", "VLLM_ENGINES": "3"}, {"beta": 0.1}, 48),
     ],
 )
 def test_the_stage_schedule_reaches_the_agent_with_the_config_options_kept(env, options, episodes_per_step):
@@ -120,6 +120,7 @@ def test_the_lws_config_is_a_rollout_config_of_the_tags_format_and_the_lws_schem
         ({"REWARD_OPTIONS": '{"diversity": false}', "SWITCH_STEP": "10"}, "REWARD_OPTIONS"),
         ({"PLACEMENT": "step"}, "PLACEMENT"),
         ({"AGENT_CONFIG": "/nonexistent.yaml"}, "AGENT_CONFIG"),
+        ({"ROLLOUT_BATCH": "32", "VLLM_ENGINES": "3"}, "ROLLOUT_BATCH (32) must divide by VLLM_ENGINES (3)"),
     ],
 )
 def test_bad_variables_exit_2_naming_the_variable(env, named):
@@ -142,3 +143,14 @@ def test_a_switch_after_the_last_step_is_warned_about():
         check=True,
     )
     assert "SWITCH_STEP=600" in result.stderr and "stage 1" in result.stderr
+
+
+def test_a_resumed_run_must_say_which_step_its_reward_resumes_at(tmp_path):
+    """OpenRLHF resumes from CKPT_DIR by itself; the staged reward's clock does not, so START_STEP is required."""
+    (tmp_path / "ckpt" / "_actor" / "global_step120").mkdir(parents=True)
+    env = {**os.environ, "PYTHON": sys.executable, "CKPT_DIR": str(tmp_path / "ckpt")}
+    script = ["bash", str(ROOT / "launch" / SCRIPT), "--dry-run"]
+    refused = subprocess.run(script, env=env, capture_output=True, text=True)
+    assert refused.returncode == 2 and "set START_STEP" in refused.stderr
+    resumed = subprocess.run(script, env={**env, "START_STEP": "120"}, capture_output=True, text=True)
+    assert resumed.returncode == 0 and '\\"reward.start_step\\":\\ 120' in resumed.stdout, resumed.stdout

@@ -26,6 +26,7 @@ from reward_server.judges.lexical import LexicalJudge
 from reward_server.judges.llm import LLMJudge
 from reward_server.judges.parsing import analysis_of, parse_correctness, parse_relevance
 from reward_server.metrics import RewardMetrics
+from reward_server.scoring import parse_transcript
 
 STANDIN = str(ROOT / "tests" / "standin_judge.py")
 
@@ -580,3 +581,20 @@ def test_health_reports_whether_the_judge_serves_the_model(server, standin, poli
         status = httpx.get(service.url + "/health").json()["judge_status"]
         assert status["reachable"] and status["model_listed"] is False
         assert "judge openai:no-such-model is not ready" in service.read_log()
+
+
+def test_transcripts_are_read_with_the_formats_position_rules(bpe_backend):
+    """The reward server's format verdict is the environment's: after documents a tags search needs a reflection."""
+    renderer = ChatRenderer(make_tokenizer(bpe_backend, CHATML_TEMPLATE), "tags")
+    question = "Where was the director of Silent Harbor born?"
+    documents = [Passage.from_title_text("1", "Silent Harbor", "Directed by Marta Kell.")]
+    first = Turn(Step("I need the director.", query="Silent Harbor director"), documents)
+    label = json.dumps({"golden_answers": ["Oslo"], "question": question})
+    prompt = renderer.prompt(question)
+    for second, error in (
+        (Step("Her birthplace next.", query="Marta Kell birthplace", reflection="It names Marta Kell."), None),
+        (Step("Her birthplace next.", query="Marta Kell birthplace"), "missing_reflection"),
+    ):
+        transcript = renderer.transcript(question, [first, Turn(second, documents)])
+        parsed = parse_transcript(renderer, transcript, prompt, label, max_steps=5)
+        assert parsed.format_error == error and len(parsed.steps) == (2 if error is None else 1)

@@ -162,9 +162,10 @@ def test_a_reasoning_models_think_block_gets_its_own_budget_and_is_not_part_of_t
     env = RetrievalEnv(config, ChatRenderer(tokenizer), FixedSearch(), "Q?")
     run(env.step("<think>\nWhich film? I should look it up.\n</think>\n\n" + query_step("a", "q")))
     assert env.steps[0].analysis == "a" and env.steps[0].query == "q"
-    cut = RetrievalEnv(config, ChatRenderer(tokenizer), FixedSearch(), "Q?")
-    assert run(cut.step("<think>\nStill thinking when the budget ran out")).done
-    assert cut.format_error == "unclosed_tag"
+    cut = RetrievalEnv(config, ChatRenderer(tokenizer), FixedSearch(), "Q?")  # the budget ran out while thinking
+    assert run(cut.step("<think>\nStill thinking when", closed=False)).done and cut.format_error == "truncated"
+    unclosed = RetrievalEnv(config, ChatRenderer(tokenizer), FixedSearch(), "Q?")  # it ended its turn inside one
+    assert run(unclosed.step("<think>\nI will stop here")).done and unclosed.format_error == "unclosed_tag"
     with pytest.raises(ValueError, match="think_tokens"):
         EnvConfig(think_tokens=-1)
 
@@ -334,6 +335,7 @@ def test_lws_on_the_tags_format_follows_the_trainers_step_and_the_shapes(world, 
         return ctx, results
 
     ctx, (stage1, broken, stage2) = run(main())
+    assert [r.extra_logs["reward_step"] for r in (stage1, broken, stage2)] == [1.0, 1.0, 2.0]
     assert ctx.training_step == 2 and [r.outcome for r in (stage1, broken, stage2)] == [
         "correct",
         "format_error",

@@ -22,7 +22,7 @@ from r3_env.coldstart.synth import SynthConfig, synthesize
 from r3_env.coldstart.teacher import TeacherConfig
 from r3_env.env import EnvConfig
 from r3_env.hf_engine import HFEngine, SamplingParams
-from r3_env.protocol import ChatRenderer, get_format
+from r3_env.protocol import ChatRenderer, Step, get_format
 from r3_env.records import turns_of
 from r3_env.retrieval import load_retriever
 from r3_env.retrieval.client import AsyncInProcess
@@ -157,6 +157,33 @@ def test_malformed_trajectories_are_named_with_their_line(tmp_path):
     bad.write_text(json.dumps({"id": "a", "question": "Q?", "steps": [{"query": "q"}]}) + "\n")
     result = run_r3rag("coldstart", "sft-data", "--input", str(bad))
     assert result.returncode == 2 and "bad.jsonl:1: step 1 is malformed" in result.stderr
+
+
+def test_trajectories_meet_the_chosen_step_format_or_are_refused(synthesized, tmp_path):
+    """Reflections fold into an r3 analysis; r3 trajectories lack the tags shapes' reflections, which is refused."""
+    result = run_r3rag(
+        "coldstart", "sft-data", "--input", str(synthesized["trajectories"]), "--step_format", "tags",
+        "--out", str(tmp_path / "tags.jsonl"),
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "step 2 does not fit the 'tags' format (missing_reflection" in result.stderr
+    assert "synthesize them with --step_format tags" in result.stderr
+    tags_row = {
+        "id": "t",
+        "question": "Where was the director of Silent Harbor born?",
+        "steps": [
+            {"analysis": "I need the director.", "query": "Silent Harbor director", "documents": [
+                {"id": "1", "contents": "Silent Harbor\nDirected by Marta Kell."}]},
+            {"analysis": "", "reflection": "Marta Kell was born in Oslo.", "answer": "Oslo"},
+        ],
+    }  # fmt: skip
+    source = tmp_path / "tags_trajectories.jsonl"
+    source.write_text(json.dumps(tags_row) + "\n")
+    out = tmp_path / "r3.jsonl"
+    result = run_r3rag("coldstart", "sft-data", "--input", str(source), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    last = json.loads(out.read_text())["messages"][-1]["content"]
+    assert get_format("r3").parse_step(last) == Step("Marta Kell was born in Oslo.", answer="Oslo")
 
 
 class Captured(Exception):

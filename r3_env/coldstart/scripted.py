@@ -147,7 +147,8 @@ class ScriptedTeacher(Teacher):
         target = missing[0]
         if queries_left <= 1:  # another query would end the episode before its documents are shown
             missing_fact = f"{target.noun} of {target.subject}"
-            return Step("", answer="unknown", reflection=rng.choice(GIVE_UP).format(missing=missing_fact))
+            plan = "" if turns else "The step budget leaves no room for a search."  # the no-retrieval shape thinks
+            return Step(plan, answer="unknown", reflection=rng.choice(GIVE_UP).format(missing=missing_fact))
 
         asked = [turn.step.query for turn in turns]
         wordings = target.queries()

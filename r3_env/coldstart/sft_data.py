@@ -26,7 +26,7 @@ from typing import Any, Literal
 from tqdm import tqdm
 
 from r3_env.data import iter_jsonl, write_jsonl
-from r3_env.protocol import ChatRenderer, MessageRenderer, Turn
+from r3_env.protocol import ChatRenderer, FormatError, MessageRenderer, StepFormat, Turn
 from r3_env.records import turns_of
 
 logger = logging.getLogger(__name__)
@@ -79,6 +79,20 @@ def load_renderer(config: SFTDataConfig) -> MessageRenderer:
     return renderer
 
 
+def fit_format(turns: list[Turn], fmt: StepFormat, where: str) -> list[Turn]:
+    """The turns as ``fmt`` writes them (reflections folded where it has none), each checked at its position."""
+    fitted = [Turn(fmt.express(turn.step), turn.documents) for turn in turns]
+    for number, turn in enumerate(fitted, start=1):
+        try:
+            fmt.check_turn(turn.step, after_documents=number > 1)
+        except FormatError as error:
+            raise ValueError(
+                f"{where}: step {number} does not fit the {fmt.name!r} format ({error}): the trajectories were "
+                f"written in another step format; synthesize them with --step_format {fmt.name}"
+            ) from None
+    return fitted
+
+
 def examples(
     question: str, turns: list[Turn], renderer: MessageRenderer, form: str, row_id: str
 ) -> Iterator[dict[str, Any]]:
@@ -108,7 +122,7 @@ def build_sft_data(config: SFTDataConfig) -> dict[str, Any]:
                 continue
             if not isinstance(row.get("question"), str) or not row["question"].strip():
                 raise ValueError(f"{where}: field 'question' must be a non-empty string")
-            turns = turns_of(row, where)
+            turns = fit_format(turns_of(row, where), renderer.format, where)
             if not turns[-1].step.is_final:
                 raise ValueError(f"{where}: the last step has no final answer; SFT data needs complete trajectories")
             counts["trajectories"] += 1

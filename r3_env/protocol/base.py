@@ -115,6 +115,12 @@ class StepFormat(ABC):
         Formats whose steps look the same at every position accept everything.
         """
 
+    def read_turn(self, text: str, after_documents: bool) -> Step:
+        """The step in one assistant turn at its position (parse_step, then check_turn); raises only FormatError."""
+        step = self.parse_step(text)
+        self.check_turn(step, after_documents)
+        return step
+
     @abstractmethod
     def system_prompt(self) -> str:
         """The instructions given to the policy as the system message."""

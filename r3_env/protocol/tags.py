@@ -35,9 +35,9 @@ from r3_env.protocol.base import (
     render_document_blocks,
 )
 
-TAGS = ("think", "reflect", "search", "answer", "information")
-_BLOCK = re.compile(r"<(think|reflect|search|answer|information)>(.*?)</\1>", re.DOTALL)
-_ANY_TAG = re.compile(r"</?(?:think|reflect|search|answer|information)>")
+TAGS = "think|reflect|search|answer|information"
+_BLOCK = re.compile(rf"<({TAGS})>(.*?)</\1>", re.DOTALL)
+_ANY_TAG = re.compile(rf"</?(?:{TAGS})>")
 _EMPTY_REASON = {
     "think": FormatReason.EMPTY_ANALYSIS,
     "reflect": FormatReason.EMPTY_ANALYSIS,

@@ -337,10 +337,8 @@ class PPOTrainer:
         )
         kl = float(torch.cat([b.info["kl"].flatten() for b in batches]).mean()) if batches else 0.0
         self.kl_ctl.update(kl, len(responses))
-        values = _episode_stats(responses)
-        if self.context.scheme.needs_training_step:  # the step the staged reward saw (its stage marks the report)
-            values["reward_step"] = float(self.context.training_step)
         self.iteration += 1
+        values = _episode_stats(responses)
         values.update(losses)
         values.update(
             kl=kl,
@@ -463,6 +461,9 @@ def _episode_stats(responses: Sequence[dict[str, Any]]) -> dict[str, float]:
         "relevance": mean([log.get("relevance_mean", 0.0) for log in logs]),
         "response_tokens": mean([sum(end - start for start, end in r["action_ranges"]) for r in responses]),
     }
+    steps = [log["reward_step"] for log in logs if "reward_step" in log]
+    if steps:  # the training step a staged reward scheme saw
+        stats["reward_step"] = float(sum(steps)) / len(steps)
     for outcome in OUTCOMES:
         key = "service_failure" if outcome == "service_failure" else f"outcome_{outcome}"
         count = sum(log.get(key, 0.0) for log in logs)
