@@ -160,12 +160,15 @@ class DemoConfig:
     threads: int = field(default=0, metadata={"help": "torch CPU threads (0: torch's default)"})
     sft_epochs: int = field(default=0, metadata={"help": "override the budget's SFT epochs (0: keep)"})
     ppo_iterations: int = field(default=0, metadata={"help": "override the budget's PPO iterations (0: keep)"})
+    lora_rank: int = field(
+        default=0, metadata={"help": "train the policy through LoRA adapters of this rank (0: full)"}
+    )
     eval_questions: int = field(default=0, metadata={"help": "override the budget's dev questions (0: keep)"})
 
     def __post_init__(self) -> None:
         from r3_env.model_registry import MODELS
 
-        if min(self.threads, self.sft_epochs, self.ppo_iterations, self.eval_questions) < 0:
+        if min(self.threads, self.sft_epochs, self.ppo_iterations, self.eval_questions, self.lora_rank) < 0:
             raise ValueError("threads and the overrides must be 0 or more")
         if self.recipe not in METHODS:
             raise ValueError(f"recipe: {self.recipe!r} is not one of {', '.join(METHODS)}")
@@ -245,6 +248,7 @@ class Demo:
         previous.setdefault("model", "tiny-random")  # demos recorded before --model existed
         previous.setdefault("recipe", "r3")  # and before --recipe and --scheme
         previous.setdefault("scheme", "")
+        previous.setdefault("lora_rank", 0)
         if previous == dataclasses.asdict(self.config):
             return
         if not overwrite:
@@ -379,7 +383,7 @@ class Demo:
             "out": str(self.out / "train"),
             "seed": self.config.seed,
             "threads": self.config.threads,
-            "model": {"policy": str(policy)},
+            "model": {"policy": str(policy), "lora_rank": self.config.lora_rank},
             "sft": {"data": str(sft_data), "epochs": budget.sft_epochs, **self.config.model_recipe.sft},
             "ppo": {
                 "prompts": str(world / "train.jsonl"),

@@ -190,3 +190,13 @@ def test_a_model_that_is_neither_registered_nor_a_folder_is_refused(tmp_path):
     result = run_r3rag("demo", "--model", "Qwen/Qwen2.5-7B-Instruct", "--out", str(tmp_path / "d"), timeout=120)
     assert result.returncode == 2 and "neither a registry model" in result.stderr and "never downloads" in result.stderr
     assert not (tmp_path / "d").exists()
+
+
+def test_lora_rank_reaches_the_trainer(tmp_path):
+    from demo.run import Demo, DemoConfig
+
+    demo = Demo(DemoConfig(out=str(tmp_path / "d"), lora_rank=8))
+    config = demo.train_config(tmp_path / "p", tmp_path / "sft.jsonl", tmp_path / "w", "http://r", "http://j")
+    assert config.model.lora_rank == 8
+    with pytest.raises(ValueError, match="must be 0 or more"):
+        DemoConfig(lora_rank=-1)

@@ -58,7 +58,7 @@ def gold_plan(item) -> list[str]:
     ]
 
 
-def make_trainer(world, tmp_path, **ppo):
+def make_trainer(world, tmp_path, model: ModelConfig | None = None, **ppo):
     from r3_env.train.ppo import PPOTrainer
 
     settings = {
@@ -72,7 +72,8 @@ def make_trainer(world, tmp_path, **ppo):
     }
     config = PPOConfig(**settings)
     run = RunConfig(out=str(tmp_path / "run"), seed=3, device="cpu", save_every=1)
-    return PPOTrainer(run, ModelConfig(policy=str(world["policy"])), config, world["rollout"], str(world["policy"]))
+    model = model or ModelConfig(policy=str(world["policy"]))
+    return PPOTrainer(run, model, config, world["rollout"], str(world["policy"]))
 
 
 # -- model factory ------------------------------------------------------------------------------------
@@ -254,6 +255,44 @@ def test_critic_warmup_leaves_the_policy_alone(world, tmp_path):
         trainer.close()
 
 
+def test_lora_trains_only_its_adapters_and_saves_a_merged_policy(world, tmp_path):
+    """``model.lora_rank``: peft adapters on the actor, none on the reference; the saved policy is plain HF."""
+    from transformers import AutoModelForCausalLM
+
+    from r3_env.train.models import save_policy
+
+    lora = ModelConfig(policy=str(world["policy"]), lora_rank=4, target_modules="q_proj,v_proj")
+    trainer = make_trainer(world, tmp_path, lora, init_kl_coef=0.01, estimator="reinforce")
+    try:
+        trainer.load_prompts()
+        trainer.items = world["items"][:2]
+        right, wrong = trainer.items
+        plans = {right.question: gold_plan(right), wrong.question: [answer_step("A guess.", "Nobody Atall")]}
+        trainer.engine.script = Script(trainer.tokenizer, plans)  # one right and one wrong: the advantages differ
+        trainable = {n for n, p in trainer.actor.named_parameters() if p.requires_grad}
+        assert trainable and all("lora_" in n for n in trainable)
+        assert not any("lora_" in n for n, _ in trainer.reference.named_parameters())
+        frozen = {n: p.detach().clone() for n, p in trainer.actor.named_parameters() if not p.requires_grad}
+        lora_before = {n: p.detach().clone() for n, p in trainer.actor.named_parameters() if p.requires_grad}
+        values = trainer.step()
+        assert math.isfinite(values["policy_loss"]) and values["actor_trained"] == 1.0
+        after = dict(trainer.actor.named_parameters())
+        assert all(torch.equal(after[n], p) for n, p in frozen.items())
+        assert any(not torch.equal(after[n], p) for n, p in lora_before.items())
+        folder = save_policy(trainer.actor.model, trainer.tokenizer, tmp_path / "merged")
+        assert not (folder / "adapter_config.json").exists()
+        merged = AutoModelForCausalLM.from_pretrained(folder)
+        base = AutoModelForCausalLM.from_pretrained(world["policy"])
+        assert not torch.equal(
+            merged.model.layers[0].self_attn.q_proj.weight, base.model.layers[0].self_attn.q_proj.weight
+        )
+        assert any("lora_" in n for n, _ in trainer.actor.named_parameters())  # the model in training keeps them
+    finally:
+        trainer.close()
+    with pytest.raises(ValueError, match="lora_rank"):
+        ModelConfig(policy="p", lora_rank=-1)
+
+
 def test_train_local_refuses_a_rerun_with_other_settings(world, tmp_path):
     from r3_env.train.local import LocalTrainConfig, check_config
 
@@ -266,6 +305,16 @@ def test_train_local_refuses_a_rerun_with_other_settings(world, tmp_path):
     check_config(tmp_path, config(iterations=3, generate_batch=8))  # speed settings may change on resume
     with pytest.raises(ConfigError, match=r"ppo\.iterations"):
         check_config(tmp_path, config(iterations=4))
+    # a run recorded before a setting existed resumes while that setting keeps its default
+    record = json.loads((tmp_path / "config.json").read_text())
+    del record["ppo"]["eps_clip_high"], record["model"]["lora_rank"]
+    (tmp_path / "config.json").write_text(json.dumps(record))
+    check_config(tmp_path, config(iterations=3))
+    record = json.loads((tmp_path / "config.json").read_text())
+    del record["ppo"]["eps_clip_high"]
+    (tmp_path / "config.json").write_text(json.dumps(record))
+    with pytest.raises(ConfigError, match=r"ppo\.eps_clip_high"):
+        check_config(tmp_path, config(iterations=3, eps_clip_high=0.28))
 
 
 def test_cli_errors_name_the_setting_and_the_fix(world, tmp_path):

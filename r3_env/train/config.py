@@ -38,8 +38,19 @@ class ModelConfig:
     dtype: Literal["fp32", "bf16"] = field(default="fp32", metadata={"help": "parameter dtype (fp32 on CPU)"})
     attn_implementation: str = field(default="sdpa", metadata={"help": "sdpa, eager or flash_attention_2 (GPU)"})
     gradient_checkpointing: bool = field(default=False, metadata={"help": "trade compute for memory (large models)"})
+    lora_rank: int = field(
+        default=0, metadata={"help": "train the policy through LoRA adapters of this rank (0: full; --actor.lora_rank)"}
+    )
+    lora_alpha: int = field(default=16, metadata={"help": "LoRA alpha (--actor.lora_alpha)"})
+    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout (--actor.lora_dropout)"})
+    target_modules: str = field(
+        default="all-linear",
+        metadata={"help": "modules LoRA adapts, comma-separated or all-linear (--actor.target_modules)"},
+    )
 
     def __post_init__(self) -> None:
+        if self.lora_rank < 0 or self.lora_alpha < 1 or not 0 <= self.lora_dropout < 1:
+            raise ValueError("model.lora_rank must be 0 or more, lora_alpha at least 1, lora_dropout in [0, 1)")
         if not self.policy:
             raise ValueError("model.policy is required: an HF model folder or hub name (r3rag train model makes one)")
 

@@ -49,15 +49,30 @@ class LocalTrainConfig:
         }
 
 
-def _changed(old: dict, new: dict, prefix: str = "") -> list[str]:
+def _changed(old: dict, new: dict, defaults: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ; a key the old record lacks (a setting added since) at its default does not."""
     keys = []
     for key in sorted(set(old) | set(new)):
-        a, b = old.get(key), new.get(key)
+        a, b, name = old.get(key), new.get(key), f"{prefix}{key}"
         if isinstance(a, dict) and isinstance(b, dict):
-            keys += _changed(a, b, f"{prefix}{key}.")
+            keys += _changed(a, b, defaults, f"{name}.")
+        elif key not in old and name in defaults and defaults[name] == b:
+            continue
         elif a != b:
-            keys.append(f"{prefix}{key}")
+            keys.append(name)
     return keys
+
+
+def _defaults(config: LocalTrainConfig) -> dict[str, Any]:
+    """Each setting's default, by its dotted key."""
+    sections = {"run": config.run, "model": config.model, "sft": config.sft, "ppo": config.ppo}
+    sections.update((f.name, getattr(config.rollout, f.name)) for f in dataclasses.fields(config.rollout))
+    return {
+        f"{name}.{f.name}": f.default
+        for name, section in sections.items()
+        for f in dataclasses.fields(section)
+        if f.default is not dataclasses.MISSING
+    }
 
 
 # Settings that may change between a run and its resumption: where the services are, how fast to go.
@@ -69,7 +84,8 @@ def check_config(out: Path, config: LocalTrainConfig) -> None:
     path = out / CONFIG_FILE
     current = config.to_json()
     if path.is_file():
-        changed = [k for k in _changed(json.loads(path.read_text()), current) if not k.startswith(RESUMABLE)]
+        old = json.loads(path.read_text())
+        changed = [k for k in _changed(old, current, _defaults(config)) if not k.startswith(RESUMABLE)]
         if changed:
             raise ConfigError(
                 f"{out} was trained with other settings ({', '.join(changed)}): give another run folder (--out), "

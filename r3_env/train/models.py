@@ -11,6 +11,7 @@ through DeepSpeed, which needs a GPU; the plain torch equivalents here are the l
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import shutil
@@ -46,8 +47,12 @@ def load_tokenizer(path: str) -> Any:
     return tokenizer
 
 
-def load_actor(path: str, config: ModelConfig, device: torch.device) -> Any:
-    """OpenRLHF's Actor around ``path``'s causal LM, in ``config.dtype`` on ``device``."""
+def load_actor(path: str, config: ModelConfig, device: torch.device, trainable: bool = True) -> Any:
+    """OpenRLHF's Actor around ``path``'s causal LM, in ``config.dtype`` on ``device``.
+
+    With ``config.lora_rank`` a trainable actor gets peft LoRA adapters as OpenRLHF's Actor adds them
+    when it loads a model itself (it adds none to a model handed to it); a frozen one (the reference) none.
+    """
     openrlhf_cpu.enable()
     from openrlhf.models import Actor
     from transformers import AutoModelForCausalLM
@@ -56,6 +61,22 @@ def load_actor(path: str, config: ModelConfig, device: torch.device) -> Any:
         path, dtype=DTYPES[config.dtype], attn_implementation=config.attn_implementation
     ).to(device)
     model.config.use_cache = False  # as OpenRLHF's Actor sets it; generate() keeps its own cache setting
+    if trainable and config.lora_rank > 0:
+        from peft import LoraConfig, TaskType, get_peft_model
+
+        modules = config.target_modules if config.target_modules == "all-linear" else config.target_modules.split(",")
+        model.enable_input_require_grads()
+        lora = LoraConfig(
+            task_type=TaskType.CAUSAL_LM,
+            r=config.lora_rank,
+            lora_alpha=config.lora_alpha,
+            lora_dropout=config.lora_dropout,
+            target_modules=modules,
+            bias="none",
+        )
+        model = get_peft_model(model, lora)
+        trainable, total = model.get_nb_trainable_parameters()
+        logger.info("LoRA rank %d on %s: %d of %d parameters train", config.lora_rank, modules, trainable, total)
     actor = Actor(model)
     actor.packing_samples = False  # Actor sets it only when it loads the model itself (in bf16/fp16)
     if config.gradient_checkpointing:
@@ -102,10 +123,16 @@ def make_optimizer(
 
 
 def save_policy(model: Any, tokenizer: Any, folder: Path) -> Path:
-    """Write an HF folder whole (a temporary folder renamed into place), so a reader never sees half of one."""
+    """Write an HF folder whole (a temporary folder renamed into place), so a reader never sees half of one.
+
+    A LoRA-trained model is saved merged (a plain HF folder the next stage, evaluation and vLLM load
+    as they are); the model in training keeps its adapters.
+    """
     folder = Path(folder)
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
+    if hasattr(model, "merge_and_unload"):  # a peft model
+        model = copy.deepcopy(model).merge_and_unload()
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     shutil.rmtree(folder, ignore_errors=True)

@@ -129,7 +129,7 @@ class PPOTrainer:
         self.actor = load_actor(policy, model, self.device)
         self.reference = None
         if ppo.init_kl_coef > 0:
-            self.reference = load_actor(policy, model, self.device).eval().requires_grad_(False)
+            self.reference = load_actor(policy, model, self.device, trainable=False).eval().requires_grad_(False)
         self.critic = load_critic(model.critic or policy, model, self.device) if ppo.estimator == "gae" else None
         self.args = openrlhf_args(ppo, rollout.reward.placement)
         strategy = SimpleNamespace(args=self.args)
