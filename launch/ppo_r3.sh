@@ -161,7 +161,11 @@ staged_check='from r3_env.rewards import get_scheme
 from r3_env.rollout import RolloutConfig
 reward = RolloutConfig.from_environment().reward
 print(int(get_scheme(reward.scheme, **reward.options).needs_training_step))'
-staged="$("$PYTHON" -c "$staged_check")" || exit 2
+if ! staged="$("$PYTHON" -c "$staged_check" 2>&1)"; then
+    echo "cannot read the agent config with $PYTHON (${staged##*$'\n'}): check AGENT_CONFIG and the overrides," \
+        "or set PYTHON to the python of the env r3rag is installed in" >&2
+    exit 2
+fi
 if (( staged )); then
     if (( ROLLOUT_BATCH % VLLM_ENGINES )); then
         echo "the reward's stage clock counts each vLLM engine's episodes, and OpenRLHF deals whole prompts to" \
