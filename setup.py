@@ -126,6 +126,7 @@ setup(
             "reward = reward_server.cli:add_parser",
             "eval = eval.cli:add_parser",
             "train = r3_env.train.cli:add_parser",
+            "r2ag = r3_env.train.progressive:add_parser",
             "model = r3_env.model_registry:add_parser",
             "demo = demo.cli:add_parser",
         ],

@@ -22,7 +22,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         run_run,
         help="run a method over FlashRAG datasets (one JSON line per question; rerun to resume)",
         description="Writes run.json and predictions.jsonl into --out. Methods: r3 (the step-by-step policy), "
-        "react, direct (CoT), naive_rag (top --naive_topk), flashrag:flare|selfask|iter_retgen|ircot. Engines: "
+        "react, direct (CoT), naive_rag (top --naive_topk), rrt (R2AG's retrieval tree steered by the model in "
+        "the multi_query format, --rrt_*, then a reader in --reader_format answers from its documents), "
+        "single_shot (top --naive_topk with the question, no model: the tree's baseline at matched @K), "
+        "flashrag:flare|selfask|iter_retgen|ircot. Engines: "
         "--engine.kind hf (transformers), vllm (offline, GPU) or openai (--engine.base_url). The paper's protocol "
         "is the default: greedy, --env.topk 5, --env.max_steps 5.",
     )
@@ -68,6 +71,7 @@ def run_run(args: argparse.Namespace) -> int:
 
     from eval.run import SECTIONS, EvalAborted, format_stats, run_eval
 
+    _no_model_for_single_shot(args)
     config, env, engine, generation, retrieval = configs_from_args(args, SECTIONS)
     try:
         stats = asyncio.run(run_eval(config, env, engine, generation, retrieval))
@@ -79,6 +83,17 @@ def run_run(args: argparse.Namespace) -> int:
         print(f"{stats.failed} questions failed ({stats.last_error}); rerun the same command to retry them")
         return 1
     return 0
+
+
+def _no_model_for_single_shot(args: argparse.Namespace) -> None:
+    """single_shot loads no model: without --engine.model (flag or file) run.json records the model as "none"."""
+    from r3_env.config import load_yaml
+
+    values = load_yaml(args.config) if getattr(args, "config", None) else {}
+    method = getattr(args, "method", None) or values.get("method")
+    if method == "single_shot" and not getattr(args, "engine.model", None):
+        if not (values.get("engine") or {}).get("model"):
+            setattr(args, "engine.model", "none")
 
 
 def run_score(args: argparse.Namespace) -> int:

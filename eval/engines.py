@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from r3_env.chat_client import ChatReply, OpenAIChat
-from r3_env.protocol import ChatRenderer, MessageRenderer
+from r3_env.protocol import ChatRenderer, MessageRenderer, StepFormat
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class Engine(ABC):
     busy_s: float | None = None  # time the model spent generating, where the engine can tell
 
     @abstractmethod
-    def renderer(self, step_format: str, doc_chars: int) -> MessageRenderer:
+    def renderer(self, step_format: str | StepFormat, doc_chars: int) -> MessageRenderer:
         """The renderer whose messages this engine turns into exactly the policy's training prompt."""
 
     @abstractmethod
@@ -138,7 +138,7 @@ class TokenEngine(Engine):
     def busy_s(self) -> float | None:
         return getattr(self.generator, "busy_s", None)
 
-    def renderer(self, step_format: str, doc_chars: int) -> MessageRenderer:
+    def renderer(self, step_format: str | StepFormat, doc_chars: int) -> MessageRenderer:
         return ChatRenderer(self.tokenizer, step_format, self.chat_template, doc_chars=doc_chars)
 
     async def chat(self, messages: Sequence[dict[str, str]], max_tokens: int, stop: Sequence[str] = ()) -> ChatReply:
@@ -202,7 +202,7 @@ class OpenAIEngine(Engine):
             max_connections=max_connections,
         )
 
-    def renderer(self, step_format: str, doc_chars: int) -> MessageRenderer:
+    def renderer(self, step_format: str | StepFormat, doc_chars: int) -> MessageRenderer:
         return MessageRenderer(step_format, doc_chars=doc_chars)
 
     async def chat(self, messages: Sequence[dict[str, str]], max_tokens: int, stop: Sequence[str] = ()) -> ChatReply:

@@ -11,6 +11,13 @@ order with repeats dropped, are one ranked list, and
 A step cutoff ``c`` keeps a trajectory's first ``c`` steps: an answer in a later step does not
 count (no answer within the cutoff is wrong), and only documents read within those steps count.
 One run with ``max_steps`` 10 therefore gives the whole accuracy-vs-max-steps curve.
+
+Retrieval-only records (``rrt``, ``single_shot``: rows with a ``retrieval`` block) are read by
+iteration instead: their steps are retrievals tagged with the ``depth`` (iteration) that made them,
+the reader reads every document retrieved, so at cutoff ``c`` the documents of iterations up to
+``c`` count, and "docs" is @K, the distinct documents retrieved. Their answer (rrt's reader) comes
+after the last iteration (``num_steps`` is the tree's iterations). They also give the iterations and
+the retrieval and generation seconds per question (the whole expansion's, at every cutoff).
 """
 
 from __future__ import annotations
@@ -19,9 +26,12 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from r3_env.answers import exact_match, f1_score, sub_exact_match
+from r3_env.retrieval.metrics import retrieval_metrics as ranked_list_metrics
+from r3_env.tree import NO_GOLD
 
 ANSWER_METRICS = ("em", "f1", "sub_em")
 RETRIEVAL_METRICS = ("recall", "full_recall", "map")
+TREE_METRICS = ("iterations", "retrieval_s", "generation_s")  # per question, of retrieval-only records
 
 
 def answer_scores(prediction: str, golden_answers: Sequence[str]) -> dict[str, float]:
@@ -46,15 +56,15 @@ def ranked_documents(steps: Iterable[dict[str, Any]]) -> list[str]:
 
 def retrieval_scores(ranked: Sequence[str], gold_ids: Sequence[str]) -> dict[str, float] | None:
     """Recall, Full-Recall and AP of one ranked list (None when the question names no gold passage)."""
-    gold = set(map(str, gold_ids))
-    if not gold:
-        return None
-    hits, precision_sum = 0, 0.0
-    for rank, doc_id in enumerate(ranked, start=1):
-        if doc_id in gold:
-            hits += 1
-            precision_sum += hits / rank
-    return {"recall": hits / len(gold), "full_recall": float(hits == len(gold)), "ap": precision_sum / len(gold)}
+    scores = ranked_list_metrics(ranked, gold_ids)
+    if scores is not None:
+        scores["ap"] = scores.pop("average_precision")
+    return scores
+
+
+def retrieval_metrics(retrieved_ids: Sequence[str], gold_ids: Sequence[str]) -> dict[str, float]:
+    """Recall, Full-Recall and AP of one ranked list under :func:`r3_env.tree.tree_metrics`'s names (0 without gold)."""
+    return ranked_list_metrics(retrieved_ids, gold_ids) or dict.fromkeys(NO_GOLD, 0.0)
 
 
 def answered_within(row: dict[str, Any], cutoff: int) -> bool:
@@ -84,13 +94,36 @@ def question_metrics(row: dict[str, Any], cutoff: int, verdict: float | None) ->
     metrics: dict[str, Any] = scores or dict.fromkeys(ANSWER_METRICS, 0.0)
     metrics["acc"] = None if verdict is None else (verdict if answered else 0.0)
     metrics["answered"] = float(answered)
+    metrics["steps"] = min(row["num_steps"], cutoff)
+    tree = row.get("retrieval")
+    if tree is not None:  # rrt / single_shot: every document retrieved within the cutoff's iterations is read
+        read = [step for step in row.get("steps", []) if "query" in step and step.get("depth", 1) <= cutoff]
+        ranked = ranked_documents(read)
+        metrics["retrievals"] = len(read)
+        metrics["docs"] = len(ranked)
+        metrics["retrieval"] = retrieval_scores(ranked, row.get("gold_ids") or ())
+        metrics["iterations"] = min(float(tree["iterations"]), cutoff)
+        metrics["retrieval_s"], metrics["generation_s"] = float(tree["retrieval_s"]), float(tree["generation_s"])
+        return metrics
     steps = steps_within(row, cutoff)
     read = documents_read(row, cutoff)
-    metrics["steps"] = min(row["num_steps"], cutoff)
     metrics["retrievals"] = sum(1 for step in steps if "query" in step)
     metrics["docs"] = sum(len(step.get("documents") or ()) for step in read)
     metrics["retrieval"] = retrieval_scores(ranked_documents(read), row.get("gold_ids") or ())
+    metrics["iterations"] = metrics["retrieval_s"] = metrics["generation_s"] = None
     return metrics
+
+
+def matched_k(documents: float) -> int:
+    """The single-shot top-k matching a run's documents retrieved per question (@K): @K rounded half up, at least 1."""
+    return max(1, int(documents + 0.5))
+
+
+def step_limit(manifest: dict[str, Any]) -> int:
+    """The most steps a row of a run may take (its last step cutoff): the tree's iterations for rrt, else
+    ``env.max_steps``."""
+    tree = manifest.get("tree")
+    return int(tree["max_iterations"]) if tree else int(manifest["env"]["max_steps"])
 
 
 def _mean(values: list[float]) -> float | None:
@@ -112,6 +145,8 @@ def aggregate(per_question: list[dict[str, Any]]) -> dict[str, Any]:
         "full_recall": _mean([r["full_recall"] for r in retrieval]),
         "map": _mean([r["ap"] for r in retrieval]),
         "gold_questions": len(retrieval),
+        # retrieval-only records (rrt, single_shot): None for the others
+        **{key: _mean([m[key] for m in per_question if m.get(key) is not None]) for key in TREE_METRICS},
     }
     return summary
 

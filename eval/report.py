@@ -2,6 +2,9 @@
 
 - ``report.md`` / ``report.json``: the paper's layout (rows: method and retriever; columns:
   datasets x ACC/F1/EM/RC, then the Average; RC is retrievals per question), a retrieval table,
+  R2AG's retrieval table (the retrieval tree, ``rrt``, beside single-shot retrieval, ``single_shot``,
+  at matched @K: Recall, Full-Recall, mAP, @K, iterations, retrieval and generation seconds per
+  question; a note names the single-shot run still missing for an ``rrt`` run's @K),
   the answer categories of each run with retrieval against one without
   (:mod:`eval.report_categories`), and the two sweep curves (accuracy vs max steps: each run's
   step cutoffs; accuracy vs top-k: runs alike in all but ``env.topk``), per dataset and on average;
@@ -12,7 +15,8 @@
   sets ``textContent`` only.
 
 Accuracy in the curves and correctness in the categories is ACC when every run was judged, else
-EM (the headings say which).
+EM (the headings say which). Runs that retrieve without answering (``single_shot``) appear in the
+retrieval tables and the trajectory browser only.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eval.metrics import matched_k
 from eval.report_page import PAGE_SCRIPT, PAGE_STYLE
 from r3_env.data import Passage, iter_jsonl
 
@@ -40,7 +45,19 @@ RETRIEVAL_COLUMNS = (
     ("avg_docs", "docs"),
     ("avg_steps", "steps"),
 )
-COUNT_DECIMALS = {"avg_docs": 1, "avg_steps": 1, "avg_retrievals": 2}  # averages shown as they are, not in %
+# R2AG's retrieval table (spec section 4): the tree and single-shot retrieval at matched @K
+TREE_COLUMNS = (
+    ("recall", "Recall"),
+    ("full_recall", "Full-Recall"),
+    ("map", "mAP"),
+    ("avg_docs", "@K"),
+    ("iterations", "iterations"),
+    ("retrieval_s", "retrieval s/q"),
+    ("generation_s", "generation s/q"),
+)
+# averages shown as they are, not in %
+COUNT_DECIMALS = {"avg_docs": 1, "avg_steps": 1, "avg_retrievals": 2, "iterations": 2, "retrieval_s": 3,
+                  "generation_s": 3}  # fmt: skip
 AVERAGE = "average"
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f")
 DOC_CHARS = 2000  # document text kept per retrieved passage in the page (the page shows 300, more on request)
@@ -74,6 +91,16 @@ class Run:
         what the categories compare is retrieval being available.
         """
         return self.info.get("retriever") != "none"
+
+    @property
+    def answers(self) -> bool:
+        """False for a method that retrieves without answering (single_shot): no answer tables or curves."""
+        return self.info.get("answers", True) is not False
+
+    @property
+    def tree_retrieval(self) -> bool:
+        """Whether the run's rows are retrieval-only records (rrt, single_shot): R2AG's retrieval table."""
+        return self.scores["average"]["final"].get("retrieval_s") is not None
 
     def cell(self, dataset: str) -> dict[str, Any] | None:
         """The final-cutoff metrics of ``dataset`` (or of the average), None when the run lacks it."""
@@ -144,7 +171,7 @@ def _datasets(runs: list[Run]) -> list[str]:
 
 def curve_metric(runs: list[Run]) -> str:
     """ACC when every run had a judge, else EM: one curve must not mix the two."""
-    return "acc" if all(run.scores.get("judge") for run in runs) else "em"
+    return "acc" if runs and all(run.scores.get("judge") for run in runs) else "em"
 
 
 def _row(run: Run, groups: list[str], columns: tuple) -> dict[str, Any]:
@@ -166,7 +193,7 @@ def _run_summary(run: Run) -> dict[str, Any]:
         "model": run.info.get("model", "?"),
         "engine": run.info.get("engine", "?"),
         "topk": run.topk,
-        "max_steps": run.env.get("max_steps"),
+        "max_steps": (run.info.get("tree") or {}).get("max_iterations") or run.env.get("max_steps"),
         "judge": run.scores.get("judge"),
         "questions": sum(data.get("questions", 0) for data in run.scores["datasets"].values()),
         "folder": str(run.folder),
@@ -219,18 +246,43 @@ def build_tables(runs: list[Run], root: Path, baselines: Sequence[str] = ()) -> 
 
     datasets = _datasets(runs)
     groups = [*datasets, AVERAGE]
-    metric = curve_metric(runs)
+    answering = [run for run in runs if run.answers]
+    metric = curve_metric(answering)
     with_recall = [run for run in runs if any((run.cell(g) or {}).get("recall") is not None for g in groups)]
+    trees = [run for run in with_recall if run.tree_retrieval]
     return {
         "metric": metric,
         "datasets": datasets,
         "runs": [_run_summary(run) for run in runs],
-        "main": [_row(run, groups, ANSWER_COLUMNS) for run in runs],
-        "retrieval": [_row(run, groups, RETRIEVAL_COLUMNS) for run in with_recall],
-        "categories": answer_categories(runs, root, datasets, metric, baselines),
-        "steps_curves": steps_curves(runs, groups, metric),
-        "topk_curves": topk_curves(runs, groups, metric),
+        "main": [_row(run, groups, ANSWER_COLUMNS) for run in answering],
+        "retrieval": [_row(run, groups, RETRIEVAL_COLUMNS) for run in with_recall if not run.tree_retrieval],
+        "tree_retrieval": [
+            _row(run, groups, TREE_COLUMNS) | {"naive_topk": run.info.get("naive_topk")} for run in trees
+        ],
+        "tree_notes": matched_k_notes(trees, datasets),
+        "categories": answer_categories(answering, root, datasets, metric, baselines),
+        "steps_curves": steps_curves(answering, groups, metric),
+        "topk_curves": topk_curves(answering, groups, metric),
     }
+
+
+def matched_k_notes(runs: list[Run], datasets: list[str]) -> list[str]:
+    """For each rrt run and dataset, whether a single_shot run at its @K (rounded) is in the table, and how to
+    make it when not."""
+    notes = []
+    for run in runs:
+        if run.info.get("method") != "rrt":
+            continue
+        for dataset in datasets:
+            cell = run.cell(dataset)
+            if cell is None:
+                continue
+            k = matched_k(cell["avg_docs"])
+            if not any(other.info.get("method") == "single_shot" and other.info.get("naive_topk") == k
+                       and other.cell(dataset) is not None for other in runs):  # fmt: skip
+                notes.append(f"{run.label}: no single-shot run on {dataset} at its @K {cell['avg_docs']:.1f}; "
+                             f"r3rag eval run --method single_shot --naive_topk {k} (over {dataset})")  # fmt: skip
+    return notes
 
 
 def _fmt(key: str, value: float | None) -> str:
@@ -241,6 +293,12 @@ def _fmt(key: str, value: float | None) -> str:
 
 def _cells(row: dict[str, Any], groups: list[str], columns: tuple) -> list[str]:
     return [_fmt(key, row["scores"].get(group, {}).get(key)) for group in groups for key, _ in columns]
+
+
+TREE_TITLE = (
+    "Retrieval tree vs single-shot (R2AG): Recall / Full-Recall / mAP in %, @K documents retrieved, iterations, "
+    "retrieval and generation seconds per question"
+)
 
 
 # -- Markdown --------------------------------------------------------------------------------------
@@ -275,6 +333,10 @@ def render_markdown(tables: dict[str, Any]) -> str:
     if tables["retrieval"]:
         lines += ["", "## Retrieval (Recall / Full-Recall / mAP in %; documents read and steps per question)", ""]
         lines += _md_scores(tables["retrieval"], datasets, RETRIEVAL_COLUMNS)
+    if tables.get("tree_retrieval"):
+        lines += ["", f"## {TREE_TITLE}", ""]
+        lines += _md_scores(tables["tree_retrieval"], datasets, TREE_COLUMNS)
+        lines += ["", *(f"- {note}" for note in tables["tree_notes"])] if tables["tree_notes"] else []
     lines += categories_markdown(tables["categories"], datasets)
     views = [AVERAGE, *datasets] if len(datasets) > 1 else [AVERAGE]  # one dataset: its curve is the average
     for group in views:
@@ -527,6 +589,12 @@ def render_html(tables: dict[str, Any], runs: list[Run], max_questions_per_run: 
         sections += [
             "<h2>Retrieval: Recall / Full-Recall / mAP, documents read and steps per question</h2>",
             _html_scores("retrieval-table", tables["retrieval"], datasets, RETRIEVAL_COLUMNS),
+        ]
+    if tables.get("tree_retrieval"):
+        sections += [
+            f"<h2>{_e(TREE_TITLE)}</h2>",
+            _html_scores("tree-retrieval-table", tables["tree_retrieval"], datasets, TREE_COLUMNS),
+            *(f'<p class="note">{_e(note)}</p>' for note in tables["tree_notes"]),
         ]
     sections.append(categories_html(tables["categories"], datasets))
     sections.append('<h2>Sweeps</h2><div class="plots">')

@@ -62,13 +62,30 @@ class EvalRunConfig:
 
     data: str = field(default="", metadata={"help": "FlashRAG dataset .jsonl files, comma-separated"})
     out: str = field(default="runs/eval/r3", metadata={"help": "run folder (append-only; rerun to resume)"})
-    method: str = field(default="r3", metadata={"help": "r3, react, direct, naive_rag or flashrag:<pipeline>"})
+    method: str = field(
+        default="r3", metadata={"help": "r3, react, direct, naive_rag, rrt, single_shot or flashrag:<pipeline>"}
+    )
     name: str = field(default="", metadata={"help": "the run's label in reports (default: the folder's name)"})
     retriever_name: str = field(
         default="", metadata={"help": "the retriever's label in reports (default: from retrieval.config)"}
     )
     step_format: str = field(default="r3", metadata={"help": "step format of the r3 method and the baselines"})
-    naive_topk: int = field(default=16, metadata={"help": "naive_rag: documents retrieved with the question"})
+    naive_topk: int = field(
+        default=16, metadata={"help": "naive_rag, single_shot: documents retrieved with the question"}
+    )
+    rrt_topk: int = field(default=1, metadata={"help": "rrt: documents retrieved per query of the tree"})
+    rrt_iterations: int = field(default=5, metadata={"help": "rrt: tree iterations at most (L_MAX)"})
+    rrt_survivors_base: int = field(
+        default=4, metadata={"help": "rrt: base queries of a step whose branches go on (Top-Survivor)"}
+    )
+    rrt_survivors_predicted: int = field(
+        default=2, metadata={"help": "rrt: predicted queries of a step whose branches go on (Top-Survivor)"}
+    )
+    rrt_max_base: int = field(default=4, metadata={"help": "rrt: base queries a step may write"})
+    rrt_max_predicted: int = field(default=2, metadata={"help": "rrt: predicted queries a step may write"})
+    reader_format: str = field(
+        default="r3", metadata={"help": "rrt: step format the reader answers in from the tree's documents"}
+    )
     max_questions: int = field(default=0, metadata={"help": "first N questions of each dataset (0: all)"})
     concurrency: int = field(default=32, metadata={"help": "questions in flight (they share batched generation)"})
     abort_after_failures: int = field(
@@ -82,6 +99,19 @@ class EvalRunConfig:
             raise ValueError("naive_topk, concurrency and abort_after_failures must be at least 1")
         if self.max_questions < 0:
             raise ValueError(f"max_questions must be 0 or more, got {self.max_questions}")
+        for name in ("rrt_topk", "rrt_iterations", "rrt_survivors_base", "rrt_max_base"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("rrt_survivors_predicted", "rrt_max_predicted"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be 0 or more, got {getattr(self, name)}")
+        if self.method == "rrt":
+            from eval.methods import get_method
+
+            try:  # the reader's format, checked before anything runs
+                get_method("rrt", self)
+            except ValueError as error:
+                raise ValueError(f"reader_format {self.reader_format!r}: {error}") from None
 
 
 SECTIONS = [
@@ -161,7 +191,7 @@ def manifest(
         "engine": engine.kind,
         "chat_template": engine.chat_template if engine.kind != "openai" else "server",
         "step_format": settings.get("step_format") or config.step_format,
-        "naive_topk": config.naive_topk if config.method == "naive_rag" else None,
+        "naive_topk": config.naive_topk if config.method in ("naive_rag", "single_shot") else None,
         "env": asdict(env),
         "generation": asdict(generation),
     }
@@ -180,6 +210,18 @@ def batched_search(retriever: Any) -> Any:
         return await batcher.submit(query)
 
     return search
+
+
+class NoEngine(Engine):
+    """The engine of a method that generates nothing (single_shot): asking it is a bug."""
+
+    name = "none"
+
+    def renderer(self, step_format: str, doc_chars: int) -> Any:
+        raise RuntimeError("this method generates nothing")
+
+    async def chat(self, messages: Any, max_tokens: int, stop: Any = ()) -> Any:
+        raise RuntimeError("this method generates nothing")
 
 
 async def _no_retriever(query: str, k: int) -> list[Hit]:
@@ -248,7 +290,7 @@ async def run_eval(
     by default they come from ``engine_config`` and ``retrieval``.
     """
     out = Path(config.out)
-    method = get_method(config.method)
+    method = get_method(config.method, config)
     predictions = out / PREDICTIONS
     out.mkdir(parents=True, exist_ok=True)
     with _only_writer(out):
@@ -340,6 +382,8 @@ async def _evaluate(
     if retriever is None and method.retrieves:
         retriever = retrieval.open()
         owned.append(retriever)
+    if engine is None and not method.answers:  # retrieval only: no model to load
+        engine = NoEngine()
     if engine is None:
         try:
             engine = make_engine(engine_config, generation, max_connections=config.concurrency)

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from eval.metrics import aggregate, average, question_metrics
+from eval.metrics import aggregate, average, matched_k, question_metrics, step_limit
 from eval.run import PREDICTIONS, RUNS_LOG, read_manifest
 from r3_env.batching import Coalescer
 from r3_env.config import positive_ints
@@ -209,7 +209,7 @@ async def score_run(config: ScoreConfig, judge: JudgeConfig) -> dict[str, Any]:
     rows = read_predictions(run)
     if not rows:
         raise ValueError(f"{run / PREDICTIONS} is empty; let `r3rag eval run` finish at least one question")
-    max_steps = int(info["env"]["max_steps"])
+    max_steps = step_limit(info)
     cutoffs = config.cutoff_list(max_steps)
     if cutoffs[-1] > max_steps:
         raise ValueError(f"cutoffs go up to {cutoffs[-1]} but the run allowed {max_steps} steps; rerun with more steps")
@@ -235,6 +235,22 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}"
 
 
+def _tree_lines(scores: dict[str, Any]) -> list[str]:
+    """Retrieval-only runs (rrt, single_shot): @K, iterations and seconds per question; for rrt, the
+    single-shot runs that match its @K."""
+    lines = [f"  {'retrieval per question':<26}{'@K':>7}{'iterations':>12}{'retrieval s':>13}{'generation s':>14}"]
+    named = [*scores["datasets"].items(), ("average", {"final": scores["average"]["final"]})]
+    for name, data in named:
+        m = data["final"]
+        lines.append(f"  {name:<26}{m['avg_docs']:>7.2f}{m['iterations']:>12.2f}{m['retrieval_s']:>13.3f}"
+                     f"{m['generation_s']:>14.3f}")  # fmt: skip
+    if scores["run"].get("method") == "rrt":
+        matched = ", ".join(f"{name} {matched_k(d['final']['avg_docs'])}" for name, d in scores["datasets"].items())
+        lines.append(f"  single-shot retrieval at matched @K (--naive_topk per dataset): {matched}; "
+                     "r3rag eval run --method single_shot --naive_topk K --data DATASET")  # fmt: skip
+    return lines
+
+
 def format_scores(scores: dict[str, Any]) -> str:
     run = scores["run"]
     lines = [
@@ -242,19 +258,25 @@ def format_scores(scores: dict[str, Any]) -> str:
         f"  {'dataset':<20}{'n':>6}{'ACC':>7}{'EM':>7}{'F1':>7}{'RC':>6}{'answered':>10}{'steps':>7}{'docs':>7}"
         f"{'recall':>8}{'full':>7}{'mAP':>7}",
     ]
+    answers = run.get("answers", True) is not False  # single_shot retrieves only: no answer metrics
     named = [*scores["datasets"].items(), ("average", {"questions": "", "final": scores["average"]["final"]})]
     for name, data in named:
         m = data["final"]
+        acc, em, f1, answered = (_pct(m[key]) if answers else "-" for key in ("acc", "em", "f1", "answered"))
         lines.append(
-            f"  {name:<20}{data['questions']!s:>6}{_pct(m['acc']):>7}{_pct(m['em']):>7}{_pct(m['f1']):>7}"
-            f"{m['avg_retrievals']:>6.2f}{_pct(m['answered']):>10}{m['avg_steps']:>7.2f}{m['avg_docs']:>7.1f}"
+            f"  {name:<20}{data['questions']!s:>6}{acc:>7}{em:>7}{f1:>7}"
+            f"{m['avg_retrievals']:>6.2f}{answered:>10}{m['avg_steps']:>7.2f}{m['avg_docs']:>7.1f}"
             f"{_pct(m['recall']):>8}{_pct(m['full_recall']):>7}{_pct(m['map']):>7}"
         )
+    if scores["average"]["final"].get("retrieval_s") is not None:
+        lines += _tree_lines(scores)
     lost = sum(data.get("missing", 0) for data in scores["datasets"].values())
     if lost:
         lines.append(f"  {lost} questions have no row yet and count as wrong: rerun `r3rag eval run` to fill them")
     if scores.get("judge_fallbacks"):
         lines.append(f"  {scores['judge_fallbacks']} verdicts were the judge's fallbacks (counted wrong): rescore")
+    if not answers:
+        return "\n".join(lines)
     curve = scores["average"]["by_cutoff"]
     metric = "acc" if scores["judge"] else "em"
     points = ", ".join(f"{c}: {_pct(curve[str(c)][metric])}" for c in scores["cutoffs"])

@@ -24,6 +24,8 @@
 #                     0: no KL and no reference model [0.01 for ppo, 0.001 for grpo and reinforce++, 1e-4 for dapo]
 #   DYNAMIC_FILTERING 1: drop prompts whose samples are all right or all wrong and draw others (OpenRLHF's
 #                     dynamic filtering on the score, which r3rag sets to answer accuracy) [1 for dapo, else 0]
+#   DYNAMIC_FILTERING_RANGE  LOW HIGH: dynamic filtering keeps a prompt when its samples' mean score lies
+#                     strictly between them (HIGH may be inf) ["0 1": accuracy neither 0 nor 1]
 #   PLACEMENT         step (each step's reward at its last token; ppo only: group baselines normalise
 #                     episode totals) or scalar (one reward per episode) [step for ppo, else scalar]
 #   ROLLOUT_BATCH     prompts per rollout and per training batch [64]
@@ -99,6 +101,7 @@ case "$ALGO" in
         exit 2 ;;
 esac
 DYNAMIC_FILTERING="${DYNAMIC_FILTERING:-0}"
+DYNAMIC_FILTERING_RANGE="${DYNAMIC_FILTERING_RANGE:-0 1}"
 require_int 1 VLLM_ENGINES ROLLOUT_BATCH SAMPLES_PER_PROMPT EPISODES
 require_int 0 START_STEP
 require_number ACTOR_LR KL_COEF
@@ -106,9 +109,17 @@ if [[ "$DYNAMIC_FILTERING" != 0 && "$DYNAMIC_FILTERING" != 1 ]]; then
     echo "DYNAMIC_FILTERING must be 0 or 1, got '$DYNAMIC_FILTERING'" >&2
     exit 2
 fi
+number='-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?'
+if [[ ! "$DYNAMIC_FILTERING_RANGE" =~ ^($number)\ ($number|inf)$ ]]; then
+    echo "DYNAMIC_FILTERING_RANGE must be two numbers 'LOW HIGH' (HIGH may be inf), got '$DYNAMIC_FILTERING_RANGE'" >&2
+    exit 2
+fi
+read -r filter_low filter_high <<< "$DYNAMIC_FILTERING_RANGE"
 algo_flags+=(--algo.kl.init_coef "$KL_COEF")
-# keep a prompt's samples when their mean score (accuracy) lies strictly between 0 and 1
-if (( DYNAMIC_FILTERING )); then algo_flags+=(--algo.dynamic_filtering_enable --algo.dynamic_filtering_range 0 1); fi
+# keep a prompt's samples when their mean score (accuracy by default) lies strictly between LOW and HIGH
+if (( DYNAMIC_FILTERING )); then
+    algo_flags+=(--algo.dynamic_filtering_enable --algo.dynamic_filtering_range "$filter_low" "$filter_high")
+fi
 if [[ "$ALGO" == ppo ]]; then PLACEMENT="${PLACEMENT:-step}"; else PLACEMENT="${PLACEMENT:-scalar}"; fi
 if [[ "$PLACEMENT" != step && "$PLACEMENT" != scalar ]]; then
     echo "PLACEMENT must be step or scalar, got '$PLACEMENT'" >&2
@@ -137,6 +148,11 @@ if ! r3_env_dir="$("$PYTHON" -c 'import importlib.util as u; print(u.find_spec("
     exit 2
 fi
 agent_file="$r3_env_dir/openrlhf/agent.py"
+if (( DYNAMIC_FILTERING )) && ! "$PYTHON" -c 'import sys; sys.exit(not float(sys.argv[1]) < float(sys.argv[2]))' \
+    "$filter_low" "$filter_high"; then
+    echo "DYNAMIC_FILTERING_RANGE: LOW must be below HIGH, got '$DYNAMIC_FILTERING_RANGE'" >&2
+    exit 2
+fi
 if [[ -n "${REWARD_OPTIONS:-}" ]]; then
     # An override replaces reward.options whole, so the config's options are merged in here.
     merge='import json, sys

@@ -89,6 +89,8 @@ class Label:
     golden_answers: list[str]
     question: str | None = None
     gold_ids: list[str] = field(default_factory=list)
+    start_documents: list[Passage] = field(default_factory=list)  # documents the episode starts from (R2AG rounds)
+    problem: str | None = None  # why part of the label could not be read (the episode gets a neutral reward)
 
 
 def _strings(values: Any) -> list[str]:
@@ -102,10 +104,12 @@ def _strings(values: Any) -> list[str]:
 def read_label(label: Any) -> Label:
     """A label as OpenRLHF passes it (``--data.label_key``): a JSON object, a list of answers, or one answer.
 
-    Objects may name ``golden_answers`` (or ``answers``), ``question``, and the gold passages as
-    ``gold_ids`` or FlashRAG-style ``supporting_passage_ids`` (at the top, as when the label is a
-    row's ``metadata``, or under ``metadata``). A label naming no usable
-    answer (None, "null", an empty list) gives empty ``golden_answers``, which callers report.
+    Objects may name ``golden_answers`` (or ``answers``), ``question``, the gold passages as
+    ``gold_ids`` or FlashRAG-style ``supporting_passage_ids``, and ``start_documents``, the
+    documents an episode starts from (``[{"id", "contents"}, ...]``), at the top (as when the label
+    is a row's ``metadata``) or under ``metadata``. A label naming no usable answer (None, "null",
+    an empty list) gives empty ``golden_answers``, and unreadable ``start_documents`` set
+    ``problem``; callers report both.
     """
     if isinstance(label, str):
         try:
@@ -117,7 +121,16 @@ def read_label(label: Any) -> Label:
     question = label.get("question") if isinstance(label.get("question"), str) else None
     metadata = label.get("metadata") if isinstance(label.get("metadata"), dict) else {}
     gold = label.get("gold_ids", label.get("supporting_passage_ids", metadata.get("supporting_passage_ids")))
-    return Label(_strings(label.get("golden_answers", label.get("answers"))), question, _strings(gold))
+    answers = _strings(label.get("golden_answers", label.get("answers")))
+    start = label.get("start_documents", metadata.get("start_documents")) or []
+    if not isinstance(start, list) or not all(
+        isinstance(d, dict) and isinstance(d.get("id"), (str, int)) and isinstance(d.get("contents"), str)
+        for d in start
+    ):
+        problem = f"its start_documents are not a list of {{'id', 'contents'}} documents ({start!r:.120})"
+        return Label(answers, question, _strings(gold), problem=problem)
+    passages = [Passage(str(d["id"]), d["contents"]) for d in start]
+    return Label(answers, question, _strings(gold), passages)
 
 
 def open_text(path: PathLike, mode: str = "r", gz: bool | None = None) -> TextIO:

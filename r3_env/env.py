@@ -9,6 +9,11 @@
 - ends it on a step that does not parse (a format failure), or asks for the step again, up to
   ``format_retries`` times, when regeneration is on (the official code regenerates up to 3 times).
 
+A ``multi_query`` step (R2AG) retrieves for each of its queries in one batched call and shows the
+union of what they found; its stop signal ends the episode after that retrieval, or on its own
+(a STOP step). An episode may start from ``context`` documents (R2AG's later rounds), which count
+as already shown.
+
 Reaching ``max_steps`` retrievals without an answer ends the episode with no answer. Every step
 leaves a :class:`StepRecord` (query, document ids and titles, later the judge's relevance): the
 record is what rewards, logs and evaluation read.
@@ -16,6 +21,7 @@ record is what rewards, logs and evaluation read.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -63,12 +69,18 @@ class EnvConfig:
 class StepKind(str, enum.Enum):
     QUERY = "query"
     ANSWER = "answer"
+    STOP = "stop"  # multi_query: the stop signal on its own (no retrieval, no answer)
     FORMAT_ERROR = "format_error"
 
 
 @dataclass
 class StepRecord:
-    """What one policy step did. ``relevance`` and ``new_gold`` are filled in by scoring."""
+    """What one policy step did. ``relevance`` and ``new_gold`` are filled in by scoring.
+
+    A multi_query step records its base ``queries`` and ``predicted`` ones (``query`` is None) and its
+    ``stop`` signal. ``hits`` holds each query's own top-k ids (base queries first) as the retriever
+    returned them; ``doc_ids`` are the documents the step kept to show.
+    """
 
     kind: StepKind
     action: str
@@ -76,6 +88,10 @@ class StepRecord:
     query: str | None = None
     answer: str | None = None
     reflection: str | None = None
+    queries: list[str] = field(default_factory=list)
+    predicted: list[str] = field(default_factory=list)
+    stop: bool = False
+    hits: list[list[str]] = field(default_factory=list)
     doc_ids: list[str] = field(default_factory=list)
     titles: list[str] = field(default_factory=list)
     format_error: str | None = None
@@ -113,18 +129,20 @@ class RetrievalEnv:
         renderer: MessageRenderer,
         search: SearchFn,
         question: str,
+        context: Sequence[Passage] = (),
     ) -> None:
         self.config, self.renderer, self.search, self.question = config, renderer, search, question
+        self.context = tuple(context)
         self.steps: list[StepRecord] = []
         self.documents: list[list[Passage]] = []  # per retrieval step, as shown to the policy
         self.done = False
-        self._seen: set[str] = set()
+        self._seen: set[str] = {p.id for p in self.context}
         self._shown = 0
         self._retries = 0
 
     def reset(self) -> str:
-        """The prompt: instructions and question through the first generation prompt."""
-        return self.renderer.prompt(self.question)
+        """The prompt: instructions, question and any context documents through the first generation prompt."""
+        return self.renderer.prompt(self.question, self.context)
 
     @property
     def retrievals(self) -> int:
@@ -164,29 +182,41 @@ class RetrievalEnv:
                 return StepResult(retry=True)
             return self._finish(StepRecord(StepKind.FORMAT_ERROR, action_text, format_error=error.reason.value))
         if parsed.is_final:
+            kind = StepKind.ANSWER if parsed.answer is not None else StepKind.STOP
             return self._finish(
                 StepRecord(
-                    StepKind.ANSWER, action_text, parsed.analysis, answer=parsed.answer, reflection=parsed.reflection
+                    kind,
+                    action_text,
+                    parsed.analysis,
+                    answer=parsed.answer,
+                    reflection=parsed.reflection,
+                    stop=parsed.stop,
                 )
             )
         return await self._retrieve(action_text, parsed, closed if turn_ended is None else turn_ended)
 
     async def _retrieve(self, action_text: str, parsed: Step, turn_ended: bool) -> StepResult:
-        hits = await self.search(parsed.query[: self.config.max_query_chars], self.config.topk)
-        kept = self._select([hit.passage for hit in hits])
+        limit, k = self.config.max_query_chars, self.config.topk
+        found = await asyncio.gather(*(self.search(query[:limit], k) for query in parsed.searches))
+        passages = list({hit.passage.id: hit.passage for hits in found for hit in hits}.values())
+        kept = self._select(passages)
         record = StepRecord(
             StepKind.QUERY,
             action_text,
             parsed.analysis,
             query=parsed.query,
             reflection=parsed.reflection,
+            queries=list(parsed.queries),
+            predicted=list(parsed.predicted),
+            stop=parsed.stop,
+            hits=[[hit.passage.id for hit in hits] for hits in found],
             doc_ids=[p.id for p in kept],
             titles=[p.title for p in kept],
             format_retries=self._take_retries(),
         )
         self.steps.append(record)
         self.documents.append(kept)
-        if self.retrievals >= self.config.max_steps:  # out of steps: the documents are never shown (nor read)
+        if parsed.stop or self.retrievals >= self.config.max_steps:  # the documents are never shown (nor read)
             self._shown -= len(kept)
             self.done = True
             return StepResult(done=True, documents=tuple(kept))

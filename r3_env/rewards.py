@@ -14,6 +14,10 @@ is the scalar episode reward.
   episode-level reward, placed at the last step.
 - ``gold_hit`` rewards each retrieval step by the gold passages it found first, and answering
   once all were found; answering before that zeroes the episode. It needs no judge.
+- ``top_survivor`` is R2AG's expansion-step reward (R2AG.md section 2) for the ``multi_query``
+  format: new gold documents among each query's top-1 (Multi-Hit), stopping with every gold
+  document found (Joint-Hit), the average precision of the first t base and predicted queries'
+  top-1 results (Top-t/x AP) and a small format bonus. It needs only the gold passage ids.
 """
 
 from __future__ import annotations
@@ -22,13 +26,26 @@ import enum
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
+
+from r3_env.retrieval.metrics import average_precision
 
 
 class Outcome(str, enum.Enum):
     CORRECT = "correct"
     WRONG = "wrong"
-    NO_ANSWER = "no_answer"  # max_steps reached without an answer
+    NO_ANSWER = "no_answer"  # the episode ended after a retrieval step: max_steps, or a stop signal with queries
+    STOPPED = "stopped"  # multi_query: a final step that only signals stop (the steering model never answers)
     FORMAT_ERROR = "format_error"  # a step did not parse; the episode ended there
+
+
+@dataclass(frozen=True)
+class BranchHit:
+    """One query of a multi_query step: is its top-1 document gold, and seen for the first time?"""
+
+    gold: bool
+    new: bool = False  # not in the starting context, nor found by an earlier query or step
+    predicted: bool = False  # an anticipatory query (R2AG's predicted-Q), not a base one
 
 
 @dataclass(frozen=True)
@@ -41,7 +58,9 @@ class Episode:
     number of retrievals. The other fields are filled when a scheme needs them: ``new_gold``
     (per retrieval step, gold passages not retrieved before) and ``gold_total`` for
     ``gold_hit``; ``queries``, ``query_similarity`` (mean pairwise cosine of the query
-    embeddings) and ``training_step`` for ``lws``.
+    embeddings) and ``training_step`` for ``lws``; ``branches`` (per retrieval step, each query's
+    top-1 hit), ``gold_before`` (gold passages in the episode's starting context) and
+    ``stopped`` (the last step signalled stop) for ``top_survivor``.
     """
 
     outcome: Outcome
@@ -51,6 +70,9 @@ class Episode:
     queries: Sequence[str] = ()
     query_similarity: float | None = None
     training_step: int = 0
+    branches: Sequence[Sequence[BranchHit]] = ()
+    gold_before: int = 0
+    stopped: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.outcome, Outcome):
@@ -59,12 +81,15 @@ class Episode:
             raise ValueError(f"relevance scores must lie in [0, 1], got {list(self.relevance)}")
         if self.outcome is Outcome.NO_ANSWER and not self.relevance:
             raise ValueError("a no-answer episode has at least one retrieval step")
-        for name in ("new_gold", "queries"):
+        for name in ("new_gold", "queries", "branches"):
             values = getattr(self, name)
             if values and len(values) != len(self.relevance):
                 raise ValueError(f"{name} has {len(values)} entries for {len(self.relevance)} retrieval steps")
-        if sum(self.new_gold) > self.gold_total:
-            raise ValueError(f"new_gold sums to {sum(self.new_gold)}, more than gold_total={self.gold_total}")
+        if self.gold_before + sum(self.new_gold) > self.gold_total:
+            raise ValueError(
+                f"gold_before={self.gold_before} plus new_gold {list(self.new_gold)} is more than "
+                f"gold_total={self.gold_total}"
+            )
 
     @property
     def retrievals(self) -> int:
@@ -94,6 +119,7 @@ class R3RewardConfig:
             Outcome.CORRECT: self.correct_scale,
             Outcome.WRONG: self.wrong_scale,
             Outcome.NO_ANSWER: self.no_answer_scale,
+            Outcome.STOPPED: self.no_answer_scale,
             Outcome.FORMAT_ERROR: self.format_error_scale,
         }[outcome]
 
@@ -101,6 +127,7 @@ class R3RewardConfig:
         return {
             Outcome.CORRECT: self.correct_answer_reward,
             Outcome.WRONG: self.wrong_answer_reward,
+            Outcome.STOPPED: self.wrong_answer_reward,
             Outcome.FORMAT_ERROR: self.format_error_reward,
         }[outcome]
 
@@ -204,7 +231,7 @@ def gold_hit_step_rewards(episode: Episode, config: GoldHitConfig) -> list[float
             "gold_hit needs the gold passages of each question: give labels with gold_ids "
             "(r3_env.data.read_label reads supporting_passage_ids or gold_ids)"
         )
-    found = sum(episode.new_gold)
+    found = episode.gold_before + sum(episode.new_gold)
     hits = [config.hit_reward * n for n in episode.new_gold]
     if episode.outcome is Outcome.NO_ANSWER:
         return hits
@@ -216,6 +243,60 @@ def gold_hit_step_rewards(episode: Episode, config: GoldHitConfig) -> list[float
 
 
 @dataclass(frozen=True)
+class TopSurvivorConfig:
+    """R2AG's R = alpha R_MH + beta R_JH + gamma R_AP + omega R_f (R2AG.md section 2; omega is not given)."""
+
+    alpha: float = 0.2  # Multi-Hit@Top-1: new gold documents among the queries' top-1 results
+    beta: float = 0.3  # Joint-Hit@Top-1: every gold document found by the end of the step, and stop signalled
+    gamma: float = 0.2  # Top-t/x average precision of the base and the predicted queries' top-1 results
+    omega: float = 1.0
+    predicted_weight: float = 1.25  # l: a predicted query's new gold counts this much in R_MH
+    format_bonus: float = 0.01  # R_f per query block after the think block ...
+    format_cap: float = 0.02  # ... with omega * R_f at most this
+    survivors_base: int = 4  # t for base queries: the first t (in the order written) make the AP
+    survivors_predicted: int = 2  # t for predicted queries
+
+    def __post_init__(self) -> None:
+        if self.survivors_base < 1 or self.survivors_predicted < 0:
+            raise ValueError("survivors_base must be at least 1 and survivors_predicted 0 or more")
+
+
+def top_t_average_precision(hits: Sequence[bool], t: int, gold_total: int) -> float:
+    """R2AG's Top-t/x AP: the average precision of the first ``t`` results only."""
+    return average_precision(hits[:t], gold_total)
+
+
+def top_survivor_step_rewards(episode: Episode, config: TopSurvivorConfig) -> list[float]:
+    """Per-step R2AG rewards; every step gets 0 on a format error (a missing think block, truncation)
+    or when stop is signalled before every gold document was found."""
+    if episode.gold_total < 1:
+        raise ValueError("top_survivor needs the gold passages of each question: give labels with gold_ids")
+    if episode.branches and len(episode.branches) != episode.retrievals:
+        raise ValueError("top_survivor needs one list of branch hits per retrieval step")
+    stopped = episode.stopped or episode.outcome is Outcome.STOPPED
+    complete = episode.gold_before + sum(episode.new_gold) >= episode.gold_total
+    if episode.outcome is Outcome.FORMAT_ERROR or (stopped and not complete):
+        return [0.0] * episode.num_steps
+    rewards = []
+    for branches in episode.branches or [()] * episode.retrievals:
+        base = [b for b in branches if not b.predicted]
+        predicted = [b for b in branches if b.predicted]
+        multi_hit = sum(b.gold and b.new for b in base) + config.predicted_weight * sum(
+            b.gold and b.new for b in predicted
+        )
+        precision = top_t_average_precision(
+            [b.gold for b in base], config.survivors_base, episode.gold_total
+        ) + top_t_average_precision([b.gold for b in predicted], config.survivors_predicted, episode.gold_total)
+        form = min(config.format_cap, config.omega * config.format_bonus * len(branches))
+        rewards.append(config.alpha * multi_hit + config.gamma * precision + form)
+    if episode.outcome is Outcome.STOPPED:
+        rewards.append(config.beta)  # complete (checked above): the Joint-Hit
+    elif stopped:
+        rewards[-1] += config.beta
+    return rewards
+
+
+@dataclass(frozen=True)
 class RewardScheme:
     """A named scheme: ``step_rewards(episode)`` and what the episode must carry for it.
 
@@ -223,6 +304,12 @@ class RewardScheme:
     (match, then judge); ``needs_gold``: the dataset's gold passage ids; ``needs_query_similarity``:
     query embeddings (an encoder); ``needs_training_step``: the trainer's step (staged schemes).
     ``stage_switch`` is the training step where a staged scheme changes (reports mark it).
+    ``score`` is the per-sample score OpenRLHF's dynamic filtering reads (groups whose mean score
+    falls outside ``--algo.dynamic_filtering_range`` are dropped): answer ``accuracy``,
+    ``gold_recall`` (every gold passage found), or the episode's ``reward`` (top_survivor: 0 for a
+    broken step or a stop before every gold passage was found, at least the format bonus otherwise;
+    the range (0, inf) drops the all-zero groups, while groups whose rewards are all equal and
+    positive stay, with zero advantages).
     """
 
     name: str
@@ -233,6 +320,7 @@ class RewardScheme:
     needs_query_similarity: bool = False
     needs_training_step: bool = False
     stage_switch: int | None = None
+    score: Literal["accuracy", "gold_recall", "reward"] = "accuracy"
 
 
 _SCHEMES: dict[str, Callable[..., RewardScheme]] = {}
@@ -290,10 +378,26 @@ def _gold_hit(**options) -> RewardScheme:
         needs_relevance=False,
         needs_correctness=False,
         needs_gold=True,
+        score="gold_recall",
     )
 
 
 register_scheme("r3", _r3)
 register_scheme("outcome", _outcome)
 register_scheme("lws", _lws)
+
+
+def _top_survivor(**options) -> RewardScheme:
+    config = TopSurvivorConfig(**options)
+    return RewardScheme(
+        "top_survivor",
+        lambda episode: top_survivor_step_rewards(episode, config),
+        needs_relevance=False,
+        needs_correctness=False,
+        needs_gold=True,
+        score="reward",
+    )
+
+
 register_scheme("gold_hit", _gold_hit)
+register_scheme("top_survivor", _top_survivor)

@@ -30,11 +30,11 @@ from r3_env.batching import Coalescer
 from r3_env.config import ConfigError, configs_from_values, load_yaml
 from r3_env.data import JsonlWriter, Label, read_label
 from r3_env.env import EnvConfig, RetrievalEnv, StepKind, StepRecord
-from r3_env.protocol import ChatRenderer
+from r3_env.protocol import ChatRenderer, get_format
 from r3_env.retrieval.base import Hit
 from r3_env.retrieval.client import AsyncRetrievalClient, RetrievalServiceError
 from r3_env.reward_client import AsyncRewardClient, Judgement, RewardServiceError, check_answer
-from r3_env.rewards import Episode, Outcome, RewardScheme, get_scheme
+from r3_env.rewards import BranchHit, Episode, Outcome, RewardScheme, get_scheme
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +48,7 @@ class PolicyConfig:
     """How the policy sees the episode."""
 
     step_format: str = "r3"
+    format_options: dict[str, Any] = field(default_factory=dict)  # the format's settings (multi_query: max_base, ...)
     chat_template: str = "auto"  # "auto" (the tokenizer's), "plain", or a Jinja template
     trajectory_log: str = ""  # append one JSON line per episode here ("{pid}" is replaced by the process id)
 
@@ -199,7 +200,10 @@ class RolloutContext:
         self.config = config
         self.tokenizer = tokenizer
         self.renderer = ChatRenderer(
-            tokenizer, config.policy.step_format, config.policy.chat_template, doc_chars=config.env.doc_chars
+            tokenizer,
+            get_format(config.policy.step_format, **config.policy.format_options),
+            config.policy.chat_template,
+            doc_chars=config.env.doc_chars,
         )
         self.scheme: RewardScheme = get_scheme(config.reward.scheme, **config.reward.options)
         services = config.services
@@ -415,6 +419,8 @@ async def _score(
     scheme = ctx.scheme
     if env.format_error is not None:
         outcome = Outcome.FORMAT_ERROR
+    elif env.steps and env.steps[-1].kind is StepKind.STOP:
+        outcome = Outcome.STOPPED
     elif env.answer is None:
         outcome = Outcome.NO_ANSWER
     else:
@@ -428,9 +434,18 @@ async def _score(
     for step in queries:
         if scheme.needs_relevance and step.relevance is None:  # no document was shown: nothing was relevant
             step.relevance = 0.0
-    gold, seen = set(label.gold_ids), set()
+    gold = set(label.gold_ids)
+    seen = {p.id for p in env.context} & gold
+    before, branches = len(seen), []
     for step in queries:
-        fresh = {i for i in step.doc_ids if i in gold} - seen
+        hits, found = [], set(seen)  # each query's top-1, in order: new when no earlier query or step found it
+        for number, ids in enumerate(step.hits):
+            top = ids[0] if ids else None
+            hits.append(BranchHit(top in gold, top in gold and top not in found, number >= len(step.queries)))
+            found.add(top)
+        branches.append(hits)
+        # found: what the step showed, and each query's top-1 (which the document limits may not have shown)
+        fresh = {i for i in [*step.doc_ids, *(ids[0] for ids in step.hits if ids)] if i in gold} - seen
         step.new_gold = len(fresh)
         seen |= fresh
     similarity = None
@@ -441,9 +456,12 @@ async def _score(
         [s.relevance or 0.0 for s in queries],
         new_gold=[s.new_gold for s in queries] if scheme.needs_gold else (),
         gold_total=len(gold),
-        queries=[s.query for s in queries],
+        queries=[s.query or "; ".join(s.queries + s.predicted) for s in queries],
         query_similarity=similarity,
         training_step=ctx.training_step,
+        branches=branches if scheme.needs_gold else (),
+        gold_before=before,
+        stopped=bool(env.steps) and env.steps[-1].stop,
     )
     info = {
         "verdict": verdict.method if verdict else None,
@@ -455,6 +473,8 @@ async def _score(
 
 
 def _label_problem(ctx: RolloutContext, label: Label) -> str | None:
+    if label.problem:
+        return label.problem
     if ctx.scheme.needs_correctness and not label.golden_answers:
         return "its label names no golden answers"
     if ctx.scheme.needs_gold and not label.gold_ids:
@@ -482,7 +502,7 @@ async def run_episode(
     started = time.perf_counter()
     failure = None
     for attempt in range(ctx.config.services.episode_retries + 1):
-        env = RetrievalEnv(ctx.config.env, ctx.renderer, ctx.search, question)
+        env = RetrievalEnv(ctx.config.env, ctx.renderer, ctx.search, question, parsed_label.start_documents)
         prompt_text = env.reset()
         prompt_tokens = ctx.tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
         room = max_length - min(ctx.config.env.step_budget, max_length // 2)
@@ -519,7 +539,7 @@ async def run_episode(
     stats.episodes += 1
     stats.wall_s += wall
     stats.generation_s += timing["generation"]
-    score = _score_value(ctx, outcome_name, info, parsed_label)
+    score = _score_value(ctx, outcome_name, info, parsed_label, step_rewards)
     steps = [s.to_json() for s in env.steps]
     record = {
         "question": question,
@@ -546,11 +566,13 @@ async def run_episode(
     )
 
 
-def _score_value(ctx: RolloutContext, outcome: str, info: dict, label: Label) -> float:
-    """OpenRLHF's per-sample score (dynamic filtering reads it): accuracy, or full gold recall for gold_hit."""
-    if ctx.scheme.needs_correctness:
-        return float(outcome == Outcome.CORRECT.value)
-    return float(bool(label.gold_ids) and info.get("gold_found", 0) == len(set(label.gold_ids)))
+def _score_value(ctx: RolloutContext, outcome: str, info: dict, label: Label, step_rewards: list[float]) -> float:
+    """OpenRLHF's per-sample score, which its dynamic filtering reads (see RewardScheme.score)."""
+    if ctx.scheme.score == "reward":
+        return float(sum(step_rewards))
+    if ctx.scheme.score == "gold_recall":
+        return float(bool(label.gold_ids) and info.get("gold_found", 0) == len(set(label.gold_ids)))
+    return float(outcome == Outcome.CORRECT.value)
 
 
 def _extra_logs(outcome: str, env: RetrievalEnv, info: dict, timing: dict, wall: float) -> dict[str, float]:

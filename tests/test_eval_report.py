@@ -511,3 +511,137 @@ def test_the_page_in_headless_chromium(root, tmp_path):
     assert HOSTILE in hostile["docTexts"] and hostile["facts"]["Verdict"] == "wrong"
     assert seen["injected"] == 0  # no <b> or <i> element came from a question, a document or an output
     assert Path(plan["screenshot"]).stat().st_size > 20_000
+
+
+# -- R2AG's retrieval table: the tree (rrt) beside single-shot retrieval ---------------------------------------
+
+# hotpotqa's questions as the tree found them: per retrieval (iteration, documents), the iterations, the reader's
+# outcome and the seconds (retrieval, generation). h1: 3 documents over 2 levels (a third iteration stopped).
+TREE_ROWS = {
+    "h1": ([(1, ["h1-g0"]), (1, ["x1"]), (2, ["h1-g1"])], 3, "right", 0.2, 1.0),
+    "h2": ([(1, ["h2-g0", "y"])], 1, "wrong", 0.1, 0.5),
+    "h3": ([(1, ["z"]), (2, ["h3-g0"])], 2, "right", 0.3, 1.5),
+}
+SHOT_DOCS = {"h1": ["h1-g0", "d"], "h2": ["d", "h2-g1"], "h3": ["h3-g0", "d"]}  # top-2 with the question
+
+
+def retrieval_row(method: str, question: tuple, retrievals, iterations, outcome, retrieval_s, generation_s) -> dict:
+    from eval.metrics import retrieval_metrics
+
+    qid, text, golden, gold = question
+    steps = [
+        {
+            "analysis": "",
+            "query": f"{qid} q{i}",
+            "depth": depth,
+            "documents": [{"id": d, "contents": f"{d}\nx"} for d in docs],
+        }
+        for i, (depth, docs) in enumerate(retrievals)
+    ]
+    ranked = list(dict.fromkeys(d for _, docs in retrievals for d in docs))
+    answer = None if outcome is None else (golden[0] if outcome == "right" else "Nobody")
+    if answer is not None:
+        steps.append({"analysis": "From the documents.", "answer": answer})
+    retrieval = {
+        **retrieval_metrics(ranked, gold),
+        "num_docs": float(len(ranked)),
+        "iterations": float(iterations),
+        "generation_s": generation_s,
+        "retrieval_s": retrieval_s,
+        "wall_s": retrieval_s + generation_s,
+    }
+    return {
+        "id": f"hotpotqa/{qid}",
+        "question_id": qid,
+        "dataset": "hotpotqa",
+        "method": method,
+        "question": text,
+        "golden_answers": golden,
+        "gold_ids": gold,
+        "steps": steps,
+        "answer": answer,
+        "prediction": answer or "",
+        "num_steps": iterations,
+        "num_retrievals": len(retrievals),
+        "num_docs": len(ranked),
+        "retrieval": retrieval,
+        "time_s": 1.0,
+    }
+
+
+def test_the_retrieval_tree_table_sets_the_tree_beside_single_shot(root):
+    questions = {q[0]: q for q in QUESTIONS["hotpotqa"]}
+    tree_rows = [retrieval_row("rrt", questions[qid], *spec) for qid, spec in TREE_ROWS.items()]
+    tree_info = {
+        **manifest("trees/rrt", "rrt", 5),
+        "datasets": ["hotpotqa"],
+        "step_format": "multi_query",
+        "tree": {"topk": 1, "max_iterations": 5},
+    }
+    save_run(root / "trees" / "rrt", tree_info, tree_rows, None)
+    shot_rows = [
+        retrieval_row("single_shot", questions[q], [(1, docs)], 1, None, 0.05, 0.0) for q, docs in SHOT_DOCS.items()
+    ]
+    shot_info = {
+        **manifest("trees/single-k2", "single_shot", 5),
+        "naive_topk": 2,
+        "answers": False,
+        "model": "none",
+        "datasets": ["hotpotqa"],
+    }
+    save_run(root / "trees" / "single-k2", shot_info, shot_rows, None)
+
+    paths = write_report(root)
+    tables = json.loads(paths["json"].read_text())
+    tree_table = {row["run"]: row for row in tables["tree_retrieval"]}
+    assert list(tree_table) == ["rrt (bm25)", "single_shot (bm25)"] and tables["tree_notes"] == []  # @K 2.3 -> k 2
+    # by hand: Recall (1 + .5 + 1)/3, Full-Recall 2/3, AP h1 (1 + 2/3)/2, h2 (1/1)/2, h3 (1/2)/1, @K 7/3
+    assert tree_table["rrt (bm25)"]["scores"]["hotpotqa"] == pytest.approx(
+        {
+            "recall": 5 / 6,
+            "full_recall": 2 / 3,
+            "map": (5 / 6 + 0.5 + 0.5) / 3,
+            "avg_docs": 7 / 3,
+            "iterations": 2.0,
+            "retrieval_s": 0.2,
+            "generation_s": 1.0,
+        }
+    )
+    # single-shot at top-2: AP h1 (1/1)/2, h2 (1/2)/2, h3 1
+    assert tree_table["single_shot (bm25)"]["scores"]["hotpotqa"] == pytest.approx(
+        {
+            "recall": 2 / 3,
+            "full_recall": 1 / 3,
+            "map": (0.5 + 0.25 + 1) / 3,
+            "avg_docs": 2.0,
+            "iterations": 1.0,
+            "retrieval_s": 0.05,
+            "generation_s": 0.0,
+        }
+    )
+    markdown = paths["md"].read_text()
+    assert "| rrt (bm25) | 83.3 | 66.7 | 61.1 | 2.3 | 2.00 | 0.200 | 1.000 | – | – | – | – | – | – | – |" in markdown
+    assert "| single_shot (bm25) | 66.7 | 33.3 | 58.3 | 2.0 | 1.00 | 0.050 | 0.000 |" in markdown
+    # the tree answers (main table, curves, categories); single-shot retrieval answers nothing and is in none of them
+    assert [row["run"] for row in tables["main"]] == [*(LABELS[f] for f in sorted(RUNS)), "rrt (bm25)"]
+    assert "single_shot (bm25)" not in {curve["run"] for curve in tables["steps_curves"]}
+    assert {pair["run"] for pair in tables["categories"]["pairs"]} == {*CATEGORIES_RUNS, "rrt (bm25)"}
+    assert len(tables["retrieval"]) == 3  # the step-by-step runs' retrieval table is as before
+    summary = {run["run"]: run for run in tables["runs"]}
+    assert summary["rrt (bm25)"]["max_steps"] == 5 and summary["single_shot (bm25)"]["model"] == "none"
+    # by iteration: at cutoff 1 the tree had read h1-g0 and x1, h2-g0 and y, and z; the answers came later
+    by_one = json.loads((root / "trees" / "rrt" / "scores.json").read_text())["datasets"]["hotpotqa"]["by_cutoff"]["1"]
+    assert by_one["recall"] == pytest.approx(1 / 3) and by_one["avg_docs"] == pytest.approx(5 / 3)
+    assert by_one["em"] == 0.0 and by_one["answered"] == pytest.approx(1 / 3)  # h2 stopped after one iteration
+    page = paths["html"].read_text()
+    assert 'id="tree-retrieval-table"' in page and "Retrieval tree vs single-shot (R2AG)" in page
+
+    (root / "trees" / "single-k2" / "scores.json").unlink()  # without it, the report names the run to make
+    tables = json.loads(write_report(root)["json"].read_text())
+    assert tables["tree_notes"] == [
+        "rrt (bm25): no single-shot run on hotpotqa at its @K 2.3; "
+        "r3rag eval run --method single_shot --naive_topk 2 (over hotpotqa)"
+    ]
+
+
+CATEGORIES_RUNS = {LABELS[f] for f in RUNS if f != "baselines/direct"}

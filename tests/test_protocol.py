@@ -24,6 +24,7 @@ from r3_env.protocol import (
     render_prompt,
     render_step,
 )
+from r3_env.protocol.base import parse_document_blocks
 
 R3 = get_format("r3")
 
@@ -601,3 +602,447 @@ def test_react_format_round_trips_and_reads_react_style_outputs():
     assert react.find_answer("...\nAction: Finish[Marie Curie]") == "Marie Curie"
     assert "Finish[" in react.answer_only_prompt(with_documents=True)
     assert react.stop_strings() == ("\nObservation:",) and get_format("r3").stop_strings() == ()
+
+
+# -- the multi_query format (R2AG's expansion step) ----------------------------------------------------
+
+MQ = get_format("multi_query")
+MQ_TAGS = (
+    "<think>",
+    "</think>",
+    "<base-query>",
+    "</base-query>",
+    "<predicted-query>",
+    "</predicted-query>",
+    "<stop-retrieval>",
+)
+# every reason multi_query's parse_step can give (the rest belong to answers, reflections and the environment)
+MQ_REASONS = {
+    FormatReason.EMPTY,
+    FormatReason.MISSING_ANALYSIS,
+    FormatReason.TEXT_BEFORE_ANALYSIS,
+    FormatReason.ACTION_BEFORE_ANALYSIS,
+    FormatReason.DUPLICATE_ANALYSIS,
+    FormatReason.EMPTY_ANALYSIS,
+    FormatReason.EMPTY_QUERY,
+    FormatReason.MULTIPLE_QUERIES,
+    FormatReason.MISSING_ACTION,
+    FormatReason.STRAY_TEXT,
+    FormatReason.TEXT_AFTER_QUERY,
+    FormatReason.UNCLOSED_TAG,
+}
+
+
+def mq_text(analysis: str, base=(), predicted=(), stop: bool = False, sep: str = "\n") -> str:
+    """A multi_query step written by hand (not by render_step), so over-limit steps can be written too."""
+    blocks = [f"<think>{analysis}</think>"]
+    blocks += [f"<base-query>{q}</base-query>" for q in base]
+    blocks += [f"<predicted-query>{q}</predicted-query>" for q in predicted]
+    return sep.join(blocks + (["<stop-retrieval>"] if stop else []))
+
+
+MQ_VALID = [
+    (
+        "<think>I need the director.</think>\n<base-query>Silent Harbor director</base-query>",
+        Step("I need the director.", queries=("Silent Harbor director",)),
+    ),
+    (
+        mq_text("Two facts.", ["Silent Harbor director", "Kiss and Tell director"], ["Marta Kell birthplace"]),
+        Step(
+            "Two facts.",
+            queries=("Silent Harbor director", "Kiss and Tell director"),
+            predicted=("Marta Kell birthplace",),
+        ),
+    ),
+    (
+        mq_text("Last fact.", ["Marta Kell birthplace"], stop=True),
+        Step("Last fact.", queries=("Marta Kell birthplace",), stop=True),
+    ),
+    ("<think>All found.</think>\n<stop-retrieval>", Step("All found.", stop=True)),
+    # surrounding whitespace, Windows line ends, blocks glued together, multi-line blocks
+    (
+        "  <think>\n a \r\n b </think>\r\n<base-query>  q1 </base-query><base-query>q2</base-query>"
+        "\n\n<stop-retrieval>\n",
+        Step("a \n b", queries=("q1", "q2"), stop=True),
+    ),
+    (mq_text("a", ["q"] * 4, ["p"] * 2), Step("a", queries=("q",) * 4, predicted=("p",) * 2)),  # at the limits
+    # angle brackets that are no tags are text
+    (mq_text("x < y > z", ["a<b", "</c>"]), Step("x < y > z", queries=("a<b", "</c>"))),
+]
+
+MQ_INVALID = [
+    ("", FormatReason.EMPTY),
+    (" \n\t", FormatReason.EMPTY),
+    ("<base-query>q</base-query>", FormatReason.MISSING_ANALYSIS),  # no think block at all
+    ("<stop-retrieval>", FormatReason.MISSING_ANALYSIS),
+    ("<base-query>q</base-query>\n<think>a</think>", FormatReason.ACTION_BEFORE_ANALYSIS),  # think not first
+    ("<stop-retrieval><think>a</think>", FormatReason.ACTION_BEFORE_ANALYSIS),
+    ("Sure!\n<think>a</think><base-query>q</base-query>", FormatReason.TEXT_BEFORE_ANALYSIS),
+    ("I would search for the director.", FormatReason.TEXT_BEFORE_ANALYSIS),
+    ("<think>a</think><think>b</think><base-query>q</base-query>", FormatReason.DUPLICATE_ANALYSIS),
+    ("<think>a</think><base-query>q</base-query><think>b</think>", FormatReason.DUPLICATE_ANALYSIS),
+    ("<think>  </think><base-query>q</base-query>", FormatReason.EMPTY_ANALYSIS),
+    ("<think>a</think><base-query> \n </base-query>", FormatReason.EMPTY_QUERY),
+    ("<think>a</think><base-query>q</base-query><predicted-query></predicted-query>", FormatReason.EMPTY_QUERY),
+    (mq_text("a", ["q"] * 5), FormatReason.MULTIPLE_QUERIES),  # more base queries than max_base (4)
+    (mq_text("a", ["q"], ["p"] * 3), FormatReason.MULTIPLE_QUERIES),  # more predicted than max_predicted (2)
+    ("<think>a</think><predicted-query>p</predicted-query>", FormatReason.MISSING_ACTION),  # no base query
+    ("<think>a</think>", FormatReason.MISSING_ACTION),  # neither a query nor the stop signal
+    (
+        "<think>a</think><base-query>q</base-query><predicted-query>p</predicted-query><base-query>r</base-query>",
+        FormatReason.STRAY_TEXT,  # a base query after a predicted one
+    ),
+    ("<think>a <base-query>q</base-query></think><stop-retrieval>", FormatReason.STRAY_TEXT),  # a tag inside a block
+    ("<think>a</think><base-query>q <stop-retrieval></base-query>", FormatReason.STRAY_TEXT),
+    ("<think>a</think> so: <base-query>q</base-query>", FormatReason.STRAY_TEXT),  # text between blocks
+    ("<think>a</think></base-query>", FormatReason.STRAY_TEXT),
+    ("<think>a</think><stop-retrieval>\nThanks!", FormatReason.TEXT_AFTER_QUERY),  # text after stop
+    ("<think>a</think><stop-retrieval><base-query>q</base-query>", FormatReason.TEXT_AFTER_QUERY),
+    ("<think>a</think><base-query>q</base-query><stop-retrieval><stop-retrieval>", FormatReason.TEXT_AFTER_QUERY),
+    ("<think>a</think><base-query>q</base-query>\n<information>made up</information>", FormatReason.TEXT_AFTER_QUERY),
+    ("<think>a</think><base-query>q", FormatReason.UNCLOSED_TAG),
+    ("<think>a</think><base-query>q</base-query><predicted-query>p", FormatReason.UNCLOSED_TAG),
+    ("<think>the budget ran out", FormatReason.UNCLOSED_TAG),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), MQ_VALID)
+def test_multi_query_parse_valid(text, expected):
+    assert MQ.parse_step(text) == expected
+    assert MQ.parse_step(MQ.render_step(expected)) == expected
+
+
+@pytest.mark.parametrize(("text", "reason"), MQ_INVALID)
+def test_multi_query_parse_invalid_reason(text, reason):
+    with pytest.raises(FormatError) as caught:
+        MQ.parse_step(text)
+    assert caught.value.reason is reason
+
+
+def test_multi_query_reaches_every_reason_it_can_give():
+    assert {reason for _, reason in MQ_INVALID} == MQ_REASONS
+
+
+def test_multi_query_limits_are_named_and_configurable():
+    with pytest.raises(FormatError, match=r"5 base queries; at most 4 \(format_options\.max_base\)"):
+        MQ.parse_step(mq_text("a", ["q"] * 5))
+    with pytest.raises(FormatError, match=r"3 predicted queries; at most 2 \(format_options\.max_predicted\)"):
+        MQ.parse_step(mq_text("a", ["q"], ["p"] * 3))
+    narrow = get_format("multi_query", max_base=1, max_predicted=0)
+    assert narrow.parse_step(mq_text("a", ["q"])) == Step("a", queries=("q",))
+    with pytest.raises(FormatError, match=r"at most 1 \(format_options\.max_base\)") as caught:
+        narrow.parse_step(mq_text("a", ["q1", "q2"]))
+    assert caught.value.reason is FormatReason.MULTIPLE_QUERIES
+    with pytest.raises(FormatError, match=r"format_options\.max_predicted"):
+        narrow.parse_step(mq_text("a", ["q"], ["p"]))
+    with pytest.raises(ValueError, match="max_base"):
+        narrow.render_step(Step("a", queries=("q1", "q2")))
+    wide = get_format("multi_query", max_base=6, max_predicted=3)
+    six = Step("a", queries=tuple(f"q{i}" for i in range(6)), predicted=("p1", "p2", "p3"))
+    assert wide.parse_step(wide.render_step(six)) == six
+    with pytest.raises(ValueError):
+        MQ.render_step(six)
+    # the registry passes options through and rejects unknown or impossible ones
+    assert (get_format("multi_query").max_base, get_format("multi_query").max_predicted) == (4, 2)
+    with pytest.raises(ValueError, match="multi_query.*does not take the options.*bogus"):
+        get_format("multi_query", bogus=1)
+    with pytest.raises(ValueError, match="max_base must be at least 1"):
+        get_format("multi_query", max_base=0)
+    with pytest.raises(ValueError, match="max_predicted"):
+        get_format("multi_query", max_predicted=-1)
+    with pytest.raises(ValueError, match="format options go with a format name"):
+        get_format(MQ, max_base=2)
+
+
+def test_multi_query_steps_searches_and_finality():
+    step = Step("a", queries=["b1", " b2 "], predicted=["p1"])  # lists become tuples, values are stripped
+    assert step.queries == ("b1", "b2") and step.predicted == ("p1",) and not step.stop
+    assert step.searches == ("b1", "b2", "p1") and not step.is_final
+    with_stop = Step("a", queries=("b",), stop=True)
+    assert with_stop.searches == ("b",) and not with_stop.is_final  # it still retrieves
+    stop_only = Step("a", stop=True)
+    assert stop_only.searches == () and stop_only.is_final
+    assert Step("a", query="q").searches == ("q",) and Step("a", answer="x").searches == ()
+    with pytest.raises(ValueError, match="not one string"):
+        Step("a", queries="one query")
+    for bad in (
+        {"query": "q", "queries": ("b",)},
+        {"answer": "x", "stop": True},
+        {"query": "q", "predicted": ("p",)},
+    ):
+        with pytest.raises(ValueError, match="exactly one of"):
+            Step("a", **bad)
+
+
+def test_multi_query_render_layout_and_refusals():
+    step = Step("Need both.", queries=("q1", "q2"), predicted=("p1",), stop=True)
+    assert MQ.render_step(step) == (
+        "<think>Need both.</think>\n<base-query>q1</base-query>\n<base-query>q2</base-query>\n"
+        "<predicted-query>p1</predicted-query>\n<stop-retrieval>"
+    )
+    assert MQ.render_step(Step("Done.", stop=True)) == "<think>Done.</think>\n<stop-retrieval>"
+    for bad in (
+        Step("a", query="q"),  # single-query steps go through express
+        Step("a", answer="x"),  # the steering model never answers
+        Step("", queries=("q",)),  # no think block
+        Step("a", queries=("q", "  ")),  # an empty query
+        Step("a", queries=("q <stop-retrieval>",)),  # a tag inside a block
+        Step("a </think>", queries=("q",)),
+        Step("a", predicted=("p",)),  # predicted without base
+        Step("a", queries=("q",) * 5),
+        Step("a", queries=("q",), predicted=("p",) * 3),
+    ):
+        with pytest.raises(ValueError):
+            MQ.render_step(bad)
+    with pytest.raises(ValueError, match="never answers"):
+        MQ.answer_only_prompt(with_documents=True)
+    assert MQ.find_answer("<think>a</think><answer>Paris</answer>") is None
+    assert "<base-query>" in MQ.system_prompt() and "<stop-retrieval>" in MQ.system_prompt()
+    assert "<predicted-query>" not in get_format("multi_query", max_predicted=0).system_prompt()
+
+
+def test_single_query_formats_refuse_a_multi_query_step():
+    for step in (
+        Step("a", queries=("q1", "q2")),
+        Step("a", queries=("q",)),  # even one base query: it is not the single-query shape
+        Step("a", queries=("q",), predicted=("p",)),
+        Step("a", stop=True),
+        Step("a", queries=("q",), stop=True),
+    ):
+        for name in ("r3", "tags", "react"):
+            with pytest.raises(ValueError, match="multi_query"):
+                get_format(name).render_step(step)
+
+
+def test_multi_query_express_turns_a_single_query_step_into_one_base_query():
+    assert MQ.express(Step("Need the director.", query="Silent Harbor director")) == Step(
+        "Need the director.", queries=("Silent Harbor director",)
+    )
+    folded = MQ.express(Step("Now her birthplace.", query="Marta Kell birthplace", reflection="It names Kell."))
+    assert folded == Step("It names Kell. Now her birthplace.", queries=("Marta Kell birthplace",))
+    assert MQ.parse_step(MQ.render_step(folded)) == folded
+    multi = Step("a", queries=("q",), stop=True)
+    assert MQ.express(multi) is multi
+    # an answer means enough was found: the stop signal (an answer-only step gets an analysis of its own)
+    assert MQ.express(Step("Kell was born in Oslo.", answer="Oslo")) == Step("Kell was born in Oslo.", stop=True)
+    stop = MQ.express(Step("", answer="Oslo", reflection="Born in Oslo."))
+    assert stop == Step("Born in Oslo.", stop=True) and MQ.parse_step(MQ.render_step(stop)) == stop
+    bare = MQ.express(Step("", answer="Oslo"))
+    assert bare.stop and bare.analysis and MQ.parse_step(MQ.render_step(bare)) == bare
+
+
+def test_multi_query_documents_and_context_question():
+    docs = [Passage.from_title_text("g7", "Silent Harbor", "A 1955 film directed by Marta Kell."), Passage("x", "Bare")]
+    shown = MQ.render_documents(docs, 2, 512)
+    assert shown.startswith("Documents retrieved at step 2:\n\n[1] Silent Harbor\nA 1955 film")
+    assert [(p.id, p.title, p.text) for p in MQ.parse_documents(shown)] == [
+        ("1", "Silent Harbor", "A 1955 film directed by Marta Kell."),
+        ("2", "Bare", ""),
+    ]
+    assert "no documents" in MQ.render_documents([], 1, 512)
+    prompt = MQ.render_question("Where was the director of  Silent Harbor born?", docs, doc_chars=512)
+    assert prompt == (
+        "Question: Where was the director of Silent Harbor born?\n\nDocuments found so far:\n\n"
+        "[1] Silent Harbor\nA 1955 film directed by Marta Kell.\n\n[2] Bare"
+    )
+    assert MQ.find_question(prompt) == "Where was the director of Silent Harbor born?"
+    assert MQ.render_question("Q?") == "Question: Q?"  # no context, no heading
+
+
+def test_the_question_reads_back_from_a_prompt_with_context(chat_tokenizers):
+    context = [
+        Passage.from_title_text("1", "Question: a decoy title", "Question: a decoy line in a document."),
+        Passage.from_title_text("2", "Marta Kell", "Marta Kell (born 1921) is a Valdorian film director."),
+    ]
+    for name, tokenizer, template in chat_tokenizers:
+        for fmt in ("r3", "multi_query"):
+            renderer = ChatRenderer(tokenizer, fmt, chat_template=template)
+            prompt = renderer.prompt("Who directed  Silent\nHarbor?", context)
+            assert "Documents found so far:" in prompt and "Valdorian film director" in prompt, name
+            assert renderer.question_of(prompt) == "Who directed Silent Harbor?", (name, fmt)
+
+
+# property tests for multi_query
+
+MQ_SOUP = st.sampled_from(
+    [
+        *MQ_TAGS,
+        "<",
+        ">",
+        "</",
+        "<think",
+        "base-query>",
+        "<predicted-query",
+        "stop-retrieval",
+        "<search>",
+        "<answer>",
+        "The final answer:",
+        "\n",
+        "\r\n",
+        " ",
+        "\t",
+    ]
+)
+mq_pieces = st.lists(st.one_of(MQ_SOUP, st.text(max_size=10)), max_size=14).map("".join)
+mq_block = st.one_of(
+    st.tuples(
+        st.sampled_from(["think", "base-query", "predicted-query"]), st.one_of(st.text(max_size=8), mq_pieces)
+    ).map(lambda pair: f"<{pair[0]}>{pair[1]}</{pair[0]}>"),
+    st.just("<stop-retrieval>"),
+    MQ_SOUP,
+    st.text(max_size=6),
+)
+mq_blocks = st.lists(mq_block, max_size=10).flatmap(
+    lambda blocks: st.sampled_from(["", "\n", " ", "\n\n"]).map(lambda sep: sep.join(blocks))
+)
+# text with no tag in it: the content of a block (angle brackets and near-miss tags allowed)
+tagless = (
+    st.lists(
+        st.one_of(
+            st.text(st.characters(blacklist_categories=("Cs",)), max_size=20),
+            st.sampled_from(["<", ">", "</", "<think", "base-query>", "</predicted", "stop-retrieval>", "\n", "\r\n"]),
+        ),
+        min_size=1,
+        max_size=5,
+    )
+    .map("".join)
+    .filter(lambda text: text.strip() and not any(tag in Step(text, stop=True).analysis for tag in MQ_TAGS))
+)
+
+
+mq_steps = st.builds(
+    lambda analysis, base, predicted, stop: Step(
+        analysis, queries=base, predicted=predicted if base else [], stop=stop or not base
+    ),
+    tagless,
+    st.lists(tagless, max_size=5),
+    st.lists(tagless, max_size=3),
+    st.booleans(),
+)
+
+
+def _mutate(text: str, edits: list[tuple[int, int, str]]) -> str:
+    """``text`` with each (position, deleted length, insertion) edit applied (positions taken modulo the length)."""
+    for position, length, insertion in edits:
+        position %= len(text) + 1
+        text = text[:position] + insertion + text[position + length :]
+    return text
+
+
+# rendered steps (over the limits too), then cut, spliced and patched: near misses of the valid shape
+mq_near_misses = st.builds(
+    _mutate,
+    mq_steps.map(lambda step: mq_text(step.analysis, step.queries, step.predicted, step.stop)),
+    st.lists(st.tuples(st.integers(0, 400), st.integers(0, 12), st.one_of(MQ_SOUP, mq_block)), max_size=2),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(text=st.one_of(st.text(), mq_pieces, mq_blocks, mq_near_misses))
+def test_multi_query_parse_raises_only_format_error(text):
+    try:
+        step = MQ.parse_step(text)
+    except FormatError as error:
+        assert error.reason in MQ_REASONS
+        return
+    # a parsed step is a well-formed expansion step, and it renders back to itself
+    assert step.analysis and step.query is None and step.answer is None and step.reflection is None
+    assert step.queries or step.stop
+    assert len(step.queries) <= 4 and len(step.predicted) <= 2
+    assert all(step.searches)
+    assert MQ.parse_step(MQ.render_step(step)) == step
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_multi_query_render_then_parse_round_trips(data):
+    max_base, max_predicted = data.draw(st.integers(1, 5)), data.draw(st.integers(0, 3))
+    fmt = get_format("multi_query", max_base=max_base, max_predicted=max_predicted)
+    base = data.draw(st.lists(tagless, max_size=max_base))
+    predicted = data.draw(st.lists(tagless, max_size=max_predicted if base else 0))
+    stop = data.draw(st.booleans()) if base else True  # a step writes at least one query or the stop signal
+    step = Step(data.draw(tagless), queries=base, predicted=predicted, stop=stop)
+    rendered = fmt.render_step(step)  # every step within the limits renders
+    assert fmt.parse_step(rendered) == step
+    assert fmt.read_turn(rendered, after_documents=bool(base)) == step  # the same at every position
+    # one query over a limit: render refuses, and the hand-written text is a MULTIPLE_QUERIES error
+    over = data.draw(st.sampled_from(["base", "predicted"]))
+    extra_base = base + ["b"] * (max_base + 1 - len(base)) if over == "base" else base or ["b"]
+    extra_predicted = predicted + ["p"] * (max_predicted + 1 - len(predicted)) if over == "predicted" else predicted
+    too_many = Step(step.analysis, queries=extra_base, predicted=extra_predicted, stop=stop)
+    with pytest.raises(ValueError, match=f"format_options.max_{over}"):
+        fmt.render_step(too_many)
+    with pytest.raises(FormatError, match=f"format_options.max_{over}") as caught:
+        fmt.parse_step(mq_text(too_many.analysis, too_many.queries, too_many.predicted, stop))
+    assert caught.value.reason is FormatReason.MULTIPLE_QUERIES
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(
+    analysis=st.one_of(paragraph, mq_pieces),
+    base=st.lists(st.one_of(line, mq_pieces), max_size=5),
+    predicted=st.lists(st.one_of(line, mq_pieces), max_size=3),
+    stop=st.booleans(),
+)
+def test_multi_query_render_refuses_or_round_trips_any_step(analysis, base, predicted, stop):
+    """Any text at all (tags included): render_step either refuses the step or writes what parses back to it."""
+    try:
+        step = Step(analysis, queries=base, predicted=predicted, stop=stop)
+    except ValueError:  # no action at all
+        assume(False)
+        return
+    try:
+        rendered = MQ.render_step(step)
+    except ValueError:
+        return
+    assert MQ.parse_step(rendered) == step
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    question=st.text(min_size=1, max_size=60).filter(lambda q: q.split()),
+    docs=st.lists(st.tuples(st.text(max_size=20), st.text(max_size=80)), max_size=4),
+    doc_chars=st.integers(1, 100),
+    name=st.sampled_from(["r3", "tags", "react", "multi_query"]),
+)
+def test_render_question_with_context_then_find_question_round_trips(question, docs, doc_chars, name):
+    fmt = get_format(name)
+    context = [Passage.from_title_text(f"c{i}", title, text) for i, (title, text) in enumerate(docs)]
+    prompt = fmt.render_question(question, context, doc_chars)
+    assert fmt.find_question(prompt) == " ".join(question.split())
+    assert ("Documents found so far:" in prompt) == bool(context)
+    if context:
+        shown = prompt.split("Documents found so far:\n\n", 1)[1]
+        assert [p.title for p in parse_document_blocks(shown)] == [
+            " ".join(p.title.split()) or "(untitled)" for p in context
+        ]
+
+
+MQ_TURNS = [
+    Turn(Step("Two facts are needed.", queries=("Silent Harbor director", "Kiss and Tell director")), DOCS[:2]),
+    Turn(Step("Now her birthplace.", queries=("Marta Kell birthplace",), predicted=("Valdoria capital",)), DOCS[2:]),
+    Turn(Step("Everything is found.", stop=True)),
+]
+
+
+def test_multi_query_transcripts_are_prefix_consistent_and_match_the_rollout_assembly(chat_tokenizers):
+    for name, tokenizer, template in chat_tokenizers:
+        renderer = ChatRenderer(tokenizer, "multi_query", chat_template=template)
+        ids = lambda text, tok=tokenizer: tok(text, add_special_tokens=False)["input_ids"]
+        previous: list[int] = []
+        for k in range(len(MQ_TURNS) + 1):
+            current = ids(renderer.transcript(QUESTION, MQ_TURNS[:k]))
+            assert current[: len(previous)] == previous, f"{name}: steps 1..{k - 1} are not a token prefix of 1..{k}"
+            previous = current
+        renderer.check_tokenization(QUESTION, MQ_TURNS)
+        tokens = ids(renderer.prompt(QUESTION))
+        for number, turn in enumerate(MQ_TURNS, start=1):
+            tokens += ids(renderer.format.render_step(turn.step)) + renderer.stop_token_ids
+            if not turn.step.is_final:
+                tokens += ids(renderer.observation(turn.documents, number))
+        assert tokens == previous, name
+        steps = [
+            MQ.parse_step(t.action)
+            for t in renderer.split_response(renderer.transcript(QUESTION, MQ_TURNS)[len(renderer.prompt(QUESTION)) :])
+        ]
+        assert steps == [t.step for t in MQ_TURNS], name

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -429,3 +430,196 @@ def test_lws_needs_its_clock_and_encoder_configured(tokenizer):
             search=FixedSearch(),
         )
     assert ServicesConfig().episode_retries == 1
+
+
+# -- R2AG: multi_query expansion steps scored by top_survivor --------------------------------------------
+
+MQ = get_format("multi_query")
+R2AG_YAML = Path(__file__).resolve().parents[1] / "launch" / "configs" / "r2ag.yaml"
+GOLD_CONTEXT = Passage.from_title_text(
+    "g1", "Hestolvale Tower", "Hestolvale Tower is a 1962 film directed by Marta Kell."
+)
+GOLD_BIRTH = Passage.from_title_text("g2", "Marta Kell", "Marta Kell (born 1921 in Oslo) is a film director.")
+GOLD_RIVER = Passage.from_title_text("g3", "Oslo", "The Akerselva river flows through Oslo.")
+NOT_GOLD = Passage.from_title_text("n1", "Tower Records", "Tower Records is a music retailer.")
+
+
+class MappedSearch:
+    """An in-process retriever (RolloutContext's ``search``): each query's ranking is the passages listed for it."""
+
+    def __init__(self, table: dict[str, list[Passage]]) -> None:
+        self.table = table
+        self.calls: list[list[str]] = []
+
+    async def search(self, queries, k: int) -> list[list[Hit]]:
+        self.calls.append(list(queries))
+        return [[Hit(p, 1.0 - rank / 10) for rank, p in enumerate(self.table.get(q, [])[:k])] for q in queries]
+
+
+R2AG_SEARCH = {
+    "Marta Kell birthplace": [GOLD_BIRTH, NOT_GOLD],  # top-1 only: n1 is never retrieved for it
+    "Tower Records": [NOT_GOLD, GOLD_RIVER],
+    "Hestolvale Tower director": [GOLD_CONTEXT],
+    "Marta Kell": [GOLD_BIRTH],
+    "Oslo river": [GOLD_RIVER],
+}
+
+
+def r2ag_label(question: str) -> str:
+    return json.dumps(
+        {
+            "question": question,
+            "golden_answers": ["Akerselva"],
+            "gold_ids": ["g1", "g2", "g3"],
+            "start_documents": [GOLD_CONTEXT.to_json()],  # the round starts from the gold document found before
+        }
+    )
+
+
+def r2ag_config(**env) -> RolloutConfig:
+    """launch/configs/r2ag.yaml (format, limits, scheme and constants), with ``env`` overrides."""
+    values = yaml.safe_load(R2AG_YAML.read_text())
+    values["env"].update(env)
+    return RolloutConfig.from_dict(values, where=str(R2AG_YAML))
+
+
+async def run_r2ag(tokenizer, model, config: RolloutConfig, plans: dict) -> tuple[RolloutContext, MappedSearch, list]:
+    search = MappedSearch(R2AG_SEARCH)
+    ctx = RolloutContext(config, tokenizer, search=search)
+    engine = HFEngine(model, tokenizer, max_batch=4, script=Script(tokenizer, plans, step_format="multi_query"))
+    results = []
+    for question in plans:  # one after another: each step's queries make one batched retrieval call
+        results.append(await run_episode(ctx, engine, question, r2ag_label(question), SamplingParams(), 4096))
+    await ctx.aclose()
+    return ctx, search, results
+
+
+def test_an_r2ag_training_sample_is_one_expansion_step_from_its_context(tokenizer, model):
+    """r2ag.yaml: one step (max_steps 1) from the label's context, each query's top-1, the Top-Survivor reward."""
+    expand = Step(
+        "Kell directed it; I need her birthplace and the river there.",
+        queries=("Marta Kell birthplace", "Tower Records", "Hestolvale Tower director"),
+        predicted=("Oslo river",),
+    )
+    with_stop = Step(expand.analysis, queries=expand.queries, predicted=expand.predicted, stop=True)
+    early = Step(expand.analysis, queries=expand.queries[:2], stop=True)  # g3 is still missing
+    plans = {
+        "Which river flows through the birthplace of the director of Hestolvale Tower?": [MQ.render_step(with_stop)],
+        "Name the river of the city where the director of Hestolvale Tower was born.": [MQ.render_step(expand)],
+        "Through which city's river ... (the director of Hestolvale Tower)?": [MQ.render_step(early)],
+        "Which film did Marta Kell direct?": ["<base-query>Marta Kell</base-query>"],  # no think block
+    }
+    config = r2ag_config()
+    assert (config.policy.step_format, config.reward.scheme, config.env.topk, config.env.max_steps) == (
+        "multi_query",
+        "top_survivor",
+        1,
+        1,
+    )
+    ctx, search, (stopped, open_ended, early_stop, broken) = run(run_r2ag(tokenizer, model, config, plans))
+    step = stopped.record["steps"][0]
+    assert step["kind"] == "query" and step["query"] is None and step["stop"] is True
+    assert step["queries"] == list(expand.queries) and step["predicted"] == ["Oslo river"]
+    assert step["hits"] == [["g2"], ["n1"], ["g1"], ["g3"]]  # per query, base first, top-1 each
+    assert search.calls[0] == [*expand.queries, "Oslo river"]  # the step's four queries in one batched call
+    # R_MH: g2 (base, new) + 1.25 x g3 (predicted, new); g1 is gold but was in the context
+    # R_AP: base [gold, miss, gold] -> (1/3)(1/1 + 2/3); predicted [gold] -> (1/3)(1/1)
+    # R_f: four blocks, capped at 0.02; R_JH: g1 (context) + g2 + g3 is every gold document, and it stopped
+    mh, ap = 1 + 1.25, (1 + 2 / 3) / 3 + 1 / 3
+    assert stopped.step_rewards == pytest.approx([0.2 * mh + 0.2 * ap + 0.02 + 0.3])
+    # OpenRLHF's dynamic filtering reads the episode's reward as its score (all-zero groups are dropped)
+    assert stopped.outcome == "no_answer" and stopped.score == pytest.approx(sum(stopped.step_rewards))
+    assert open_ended.step_rewards == pytest.approx([0.2 * mh + 0.2 * ap + 0.02])  # no stop: no Joint-Hit
+    assert open_ended.record["steps"][0]["stop"] is False and open_ended.outcome == "no_answer"
+    assert early_stop.record["steps"][0]["hits"] == [["g2"], ["n1"]]
+    assert early_stop.step_rewards == [0.0] and early_stop.score == 0.0  # stopped with g3 missing
+    assert broken.outcome == "format_error" and broken.step_rewards == [0.0]
+    assert broken.record["steps"][0]["format_error"] == "missing_analysis"
+    # the prompt shows the context document under the question, exactly as the renderer writes it
+    for result, question in zip((stopped, open_ended, early_stop, broken), plans, strict=True):
+        start = result.action_ranges[0][0]
+        assert (
+            result.observation_tokens[:start]
+            == tokenizer(ctx.renderer.prompt(question, [GOLD_CONTEXT]), add_special_tokens=False)["input_ids"]
+        )
+        prompt = tokenizer.decode(result.observation_tokens[:start])
+        assert "Documents found so far:" in prompt and GOLD_CONTEXT.text in prompt
+        assert ctx.renderer.question_of(prompt) == question
+
+
+def test_a_multi_step_r2ag_episode_ends_on_a_stop_only_step(tokenizer, model):
+    """Three steps: new gold per query across steps, then the stop signal alone (STOPPED) earns the Joint-Hit."""
+    first = Step(
+        "Kell directed it; find where she was born.",
+        queries=("Marta Kell birthplace", "Tower Records"),
+        predicted=("Hestolvale Tower director",),
+    )
+    second = Step("Born in Oslo; now the river.", queries=("Marta Kell",), predicted=("Oslo river",))
+    done = Step("All three documents are in.", stop=True)
+    complete = "Which river flows through the birthplace of the director of Hestolvale Tower?"
+    premature = "Name the river of the city where the director of Hestolvale Tower was born."
+    plans = {
+        complete: [MQ.render_step(first), MQ.render_step(second), MQ.render_step(done)],
+        premature: [MQ.render_step(first), MQ.render_step(done)],
+    }
+    ctx, search, (result, early) = run(run_r2ag(tokenizer, model, r2ag_config(max_steps=5), plans))
+    steps = result.record["steps"]
+    assert [s["kind"] for s in steps] == ["query", "query", "stop"] and result.outcome == "stopped"
+    assert [s["hits"] for s in steps] == [[["g2"], ["n1"], ["g1"]], [["g2"], ["g3"]], []]
+    assert steps[2]["stop"] is True and steps[2]["analysis"] == "All three documents are in."
+    assert search.calls[:2] == [[*first.queries, *first.predicted], [*second.queries, *second.predicted]]
+    # step 1: g2 new (base); g1 gold but from the context. AP base [gold, miss] (1/3); predicted [gold] (1/3)
+    # step 2: g2 again (not new); g3 new (predicted, 1.25). AP base [gold] (1/3); predicted [gold] (1/3)
+    # step 3: the stop signal alone, with g1 + g2 + g3 found: R_JH
+    expected = [0.2 * 1 + 0.2 * (1 / 3 + 1 / 3) + 0.02, 0.2 * 1.25 + 0.2 * (1 / 3 + 1 / 3) + 0.02, 0.3]
+    assert result.step_rewards == pytest.approx(expected)
+    assert len(result.action_ranges) == 3 and result.score == pytest.approx(sum(expected))
+    # the documents of step 1 were shown under the multi_query header (the union of the queries' top-1)
+    tokens = result.observation_tokens
+    feedback = tokenizer.decode(tokens[result.action_ranges[0][1] : result.action_ranges[1][0]])
+    assert "Documents retrieved at step 1:" in feedback
+    shown = feedback[feedback.index("Documents retrieved at step 1:") :].split("<|im_end|>")[0]
+    assert [p.title for p in MQ.parse_documents(shown)] == ["Marta Kell", "Tower Records", "Hestolvale Tower"]
+    assert steps[0]["doc_ids"] == ["g2", "n1", "g1"]
+    # stopping after the first step leaves g3 unfound: every step gets 0
+    assert early.outcome == "stopped" and early.step_rewards == [0.0, 0.0] and early.score == 0.0
+
+
+def test_multi_query_steps_through_the_retrieval_service(world, retriever, tokenizer, model):
+    """Several queries of one step go to the real BM25 service in one request; hits are its top-1 per query."""
+    row = world["rows"][7]
+    first, second = hops(row)
+    gold = set(row["metadata"]["supporting_passage_ids"])
+    step = Step("Both hops at once.", queries=(first, second), predicted=(row["question"],))
+
+    async def main():
+        values = {
+            "services": {"retriever_url": retriever.url, "backoff_s": 0.05},
+            "policy": {"step_format": "multi_query"},
+            "reward": {"scheme": "top_survivor"},
+            "env": {"topk": 1, "max_steps": 1},
+        }
+        ctx = RolloutContext(RolloutConfig.from_dict(values), tokenizer)
+        script = Script(tokenizer, {row["question"]: [MQ.render_step(step)]}, step_format="multi_query")
+        engine = HFEngine(model, tokenizer, max_batch=4, script=script)
+        result = await run_episode(ctx, engine, row["question"], json.dumps(row), SamplingParams(), 4096)
+        await ctx.aclose()
+        return ctx, result
+
+    ctx, result = run(main())
+    answer = httpx.post(
+        retriever.url + "/retrieve",
+        json={"queries": [first, second, row["question"]], "topk": 1, "return_scores": True},
+    ).json()
+    top = [hits[0]["document"]["id"] for hits in answer["result"]]
+    assert set(top) & gold  # BM25 finds gold for this world's hops, so the hit terms are exercised
+    assert result.record["steps"][0]["hits"] == [[i] for i in top]
+    assert ctx.search_batcher.calls == 1 and ctx.search_batcher.items == 3
+    # the Top-Survivor terms from the service's own top-1 results (no context, nothing stopped)
+    base_gold = [top[0] in gold, top[1] in gold]
+    new_base = len({i for i in top[:2] if i in gold})
+    new_predicted = top[2] in gold and top[2] not in top[:2]
+    ap = sum(base_gold[u] * sum(base_gold[: u + 1]) / (u + 1) for u in range(2)) / len(gold)
+    ap += (top[2] in gold) / len(gold)
+    assert result.step_rewards == pytest.approx([0.2 * (new_base + 1.25 * new_predicted) + 0.2 * ap + 0.02])
+    assert result.outcome == "no_answer"

@@ -9,6 +9,10 @@ applied by OpenRLHF with ``--data.apply_chat_template``):
 - ``per_step`` (the paper's form): one row per step, ``{"prompt": [...history...], "response":
   [step]}``, for ``--data.input_key prompt --data.output_key response``.
 
+A format whose steps are each their own prompt (``multi_query``, R2AG's expansion step) has no
+conversation: each step becomes one example whose prompt is the question with the documents the
+trajectory found before it (``context``), in either form.
+
 With ``tokenizer`` set, the chat template is checked (prefix consistency, piecewise tokenization,
 no rewriting of the last turn) and examples longer than ``max_length`` tokens are dropped and
 counted instead of being silently truncated by the trainer.
@@ -81,7 +85,7 @@ def load_renderer(config: SFTDataConfig) -> MessageRenderer:
 
 def fit_format(turns: list[Turn], fmt: StepFormat, where: str) -> list[Turn]:
     """The turns as ``fmt`` writes them (reflections folded where it has none), each checked at its position."""
-    fitted = [Turn(fmt.express(turn.step), turn.documents) for turn in turns]
+    fitted = fmt.express_turns(turns)
     for number, turn in enumerate(fitted, start=1):
         try:
             fmt.check_turn(turn.step, after_documents=number > 1)
@@ -93,10 +97,28 @@ def fit_format(turns: list[Turn], fmt: StepFormat, where: str) -> list[Turn]:
     return fitted
 
 
+def expansions(question: str, turns: list[Turn], renderer: MessageRenderer) -> list[list[dict[str, str]]]:
+    """One conversation per step for formats that expand from context: the question, the documents
+    found by the earlier steps, then the step."""
+    conversations, found = [], {}
+    for turn in turns:
+        messages = renderer.messages(question, context=list(found.values()))
+        conversations.append([*messages, {"role": "assistant", "content": renderer.format.render_step(turn.step)}])
+        found.update((p.id, p) for p in turn.documents)
+    return conversations
+
+
 def examples(
     question: str, turns: list[Turn], renderer: MessageRenderer, form: str, row_id: str
 ) -> Iterator[dict[str, Any]]:
     """The SFT rows of one trajectory, in the given form."""
+    if renderer.format.expands_from_context:
+        for number, messages in enumerate(expansions(question, turns, renderer), start=1):
+            if form == "transcript":
+                yield {"id": f"{row_id}#step{number}", "messages": messages}
+            else:
+                yield {"id": f"{row_id}#step{number}", "prompt": messages[:-1], "response": messages[-1:]}
+        return
     messages = renderer.messages(question, turns)
     if form == "transcript":
         yield {"id": row_id, "messages": messages}
@@ -130,7 +152,11 @@ def build_sft_data(config: SFTDataConfig) -> dict[str, Any]:
                 if not checked:
                     renderer.check_tokenization(row["question"], turns)
                     checked = True
-                transcript = renderer.transcript(row["question"], turns)
+                if renderer.format.expands_from_context:  # the longest example: the last step, most context
+                    last = expansions(row["question"], turns, renderer)[-1]
+                    transcript = renderer.generation_prompt(last[:-1]) + renderer.step(turns[-1].step)
+                else:
+                    transcript = renderer.transcript(row["question"], turns)
                 tokens = len(renderer.tokenizer(transcript, add_special_tokens=False)["input_ids"])
                 if tokens > config.max_length:
                     counts["dropped_too_long"] += 1

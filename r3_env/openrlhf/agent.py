@@ -68,7 +68,7 @@ class AgentExecutor(AgentExecutorBase):
         """The shared context, made on first use inside the rollout actor's event loop."""
         if self._context is None:
             context = RolloutContext(self.config, tokenizer, search=self._search, judge=self._judge, clock=self._clock)
-            context.renderer.check_tokenization("Who wrote it?", _SAMPLE_TURNS)
+            context.renderer.check_tokenization("Who wrote it?", context.renderer.format.express_turns(_SAMPLE_TURNS))
             self._context = context
         return self._context
 

@@ -3,7 +3,8 @@
 - :class:`Step` is a typed step; :func:`parse_step` turns a model output into one or raises
   :class:`FormatError` with a machine-readable :class:`FormatReason`.
 - A step format (``"r3"``: R3-RAG's labelled sections; ``"tags"``: Search-R1's tags with a
-  reflection, as "Learning when to search" uses them; ``"react"``) is a named object behind the
+  reflection, as "Learning when to search" uses them; ``"multi_query"``: R2AG's several
+  queries per step and stop signal; ``"react"``) is a named object behind the
   :class:`StepFormat` interface; :func:`get_format` selects it by the config key's value.
 - :class:`ChatRenderer` renders prompts, steps and document turns through a tokenizer's chat
   template, prefix-consistently, for OpenRLHF's multi-turn executor and for SFT data.
@@ -14,6 +15,7 @@ from typing import Any
 
 from r3_env.answers import clean_answer
 from r3_env.data import Passage
+from r3_env.protocol import multi_query as _multi_query  # noqa: F401  (registers the "multi_query" format)
 from r3_env.protocol import r3 as _r3  # noqa: F401  (registers the "r3" format)
 from r3_env.protocol import react as _react  # noqa: F401  (registers the "react" format)
 from r3_env.protocol import tags as _tags  # noqa: F401  (registers the "tags" format)

@@ -11,6 +11,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from r3_env.data import Passage
 
@@ -26,8 +27,11 @@ def _clean(text: str | None) -> str | None:
 
 @dataclass(frozen=True)
 class Step:
-    """One step of a trajectory: an analysis, then either one retrieval query or the final answer.
+    """One step of a trajectory: an analysis, then one action.
 
+    The single-query formats (``r3``, ``tags``, ``react``) write one retrieval ``query`` or the final
+    ``answer``. The ``multi_query`` format (R2AG) writes several base ``queries`` and ``predicted``
+    (anticipatory) ones, and may signal ``stop`` (no more retrieval), alone or after its queries.
     ``reflection`` is what the step makes of the documents just read, for formats that give it a
     section of its own (``tags``); formats without one fold it into the analysis
     (:meth:`StepFormat.express`). Surrounding whitespace is stripped on construction (an empty
@@ -38,18 +42,33 @@ class Step:
     query: str | None = None
     answer: str | None = None
     reflection: str | None = None
+    queries: tuple[str, ...] = ()
+    predicted: tuple[str, ...] = ()
+    stop: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "analysis", _clean(self.analysis))
         object.__setattr__(self, "query", _clean(self.query))
         object.__setattr__(self, "answer", _clean(self.answer))
         object.__setattr__(self, "reflection", _clean(self.reflection) or None)
-        if (self.query is None) == (self.answer is None):
-            raise ValueError("a Step has exactly one of query= or answer=")
+        for name in ("queries", "predicted"):
+            values = getattr(self, name)
+            if isinstance(values, str):
+                raise ValueError(f"Step.{name} is a sequence of queries, not one string")
+            object.__setattr__(self, name, tuple(_clean(v) for v in values))
+        expands = bool(self.queries or self.predicted or self.stop)
+        if (self.query is not None) + (self.answer is not None) + expands != 1:
+            raise ValueError("a Step has exactly one of query=, answer=, or queries=/predicted=/stop=")
+
+    @property
+    def searches(self) -> tuple[str, ...]:
+        """Every query this step retrieves for, in order (base queries before predicted ones)."""
+        return (self.query,) if self.query is not None else self.queries + self.predicted
 
     @property
     def is_final(self) -> bool:
-        return self.answer is not None
+        """The step retrieves nothing: an answer, or a stop signal on its own."""
+        return not self.searches
 
 
 class FormatReason(str, enum.Enum):
@@ -101,6 +120,9 @@ class StepFormat(ABC):
     """
 
     name: str
+    # Each step is its own prompt: the question plus the documents found so far (R2AG's expansion
+    # step), not the next turn of a conversation. SFT data then has one example per step.
+    expands_from_context: bool = False
 
     def express(self, step: Step) -> Step:
         """``step`` as this format can write it: a format without a reflection section folds it into the analysis."""
@@ -108,6 +130,10 @@ class StepFormat(ABC):
             return step
         analysis = " ".join(part for part in (step.reflection, step.analysis) if part)
         return Step(analysis, query=step.query, answer=step.answer)
+
+    def express_turns(self, turns: Sequence[Turn]) -> list[Turn]:
+        """A trajectory as this format writes it (:meth:`express` on every step, documents kept)."""
+        return [Turn(self.express(turn.step), turn.documents) for turn in turns]
 
     def check_turn(self, step: Step, after_documents: bool) -> None:  # noqa: B027 (a hook that accepts by default)
         """Raise FormatError when a well-formed step is out of place (``after_documents``: a retrieval came before).
@@ -134,10 +160,18 @@ class StepFormat(ABC):
         """Instructions for answering in one final step with no retrieval (the CoT and naive-RAG baselines)."""
 
     question_prefix = "Question: "
+    context_heading = "Documents found so far:"
 
-    def render_question(self, question: str) -> str:
-        """The first user turn: the question on one line after ``question_prefix``."""
-        return render_prefixed(self.question_prefix, question)
+    def render_question(self, question: str, context: Sequence[Passage] = (), doc_chars: int = 512) -> str:
+        """The first user turn: the question on one line after ``question_prefix``.
+
+        ``context``: documents the episode starts from (R2AG's later rounds start from the gold
+        documents found so far), numbered under ``context_heading``.
+        """
+        text = render_prefixed(self.question_prefix, question)
+        if context:
+            text += f"\n\n{self.context_heading}\n\n{render_document_blocks(context, doc_chars)}"
+        return text
 
     @abstractmethod
     def render_step(self, step: Step) -> str:
@@ -157,17 +191,19 @@ class StepFormat(ABC):
 
     def find_question(self, text: str) -> str | None:
         """The question in a rendered prompt (the last one, if several), or None."""
-        return find_prefixed(text, self.question_prefix)
+        text = normalize_newlines(text)
+        heading = text.rfind(f"\n\n{self.context_heading}\n")
+        return find_prefixed(text if heading < 0 else text[:heading], self.question_prefix)
 
     @abstractmethod
     def find_answer(self, text: str) -> str | None:
         """A lenient search for a final answer in free text (baselines, malformed outputs)."""
 
 
-_FORMATS: dict[str, Callable[[], StepFormat]] = {}
+_FORMATS: dict[str, Callable[..., StepFormat]] = {}
 
 
-def register_format(name: str, factory: Callable[[], StepFormat]) -> None:
+def register_format(name: str, factory: Callable[..., StepFormat]) -> None:
     """Make a step format available to every config key that selects one."""
     if name in _FORMATS:
         raise ValueError(f"step format {name!r} is already registered")
@@ -178,14 +214,24 @@ def available_formats() -> list[str]:
     return sorted(_FORMATS)
 
 
-def get_format(name: str | StepFormat) -> StepFormat:
-    """The step format registered under ``name`` (a StepFormat passes through)."""
+def get_format(name: str | StepFormat, **options: Any) -> StepFormat:
+    """The step format registered under ``name`` (a StepFormat passes through).
+
+    ``options`` are the format's settings (``multi_query``: max_base, max_predicted), from
+    ``policy.format_options``.
+    """
     if isinstance(name, StepFormat):
+        if options:
+            raise ValueError("format options go with a format name, not with a StepFormat instance")
         return name
     try:
-        return _FORMATS[name]()
+        factory = _FORMATS[name]
     except KeyError:
         raise ValueError(f"unknown step format {name!r}; choose one of: {', '.join(available_formats())}") from None
+    try:
+        return factory(**options)
+    except TypeError as error:  # an option the format does not have
+        raise ValueError(f"step format {name!r} does not take the options {sorted(options)}: {error}") from None
 
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -209,6 +255,12 @@ def refuse_reflection(step: Step, name: str) -> None:
     """render_step's check for formats without a reflection section."""
     if step.reflection is not None:
         raise ValueError(f"the {name} format has no reflection section: render format.express(step)")
+
+
+def refuse_expansion(step: Step, name: str) -> None:
+    """render_step's check for the single-query formats: several queries or a stop signal need ``multi_query``."""
+    if step.queries or step.predicted or step.stop:
+        raise ValueError(f"the {name} format writes one query or an answer per step; use the multi_query format")
 
 
 def truncate_text(text: str, limit: int) -> str:
@@ -246,6 +298,48 @@ def parse_document_blocks(body: str) -> list[Passage]:
         if match:
             documents.append(Passage.from_title_text(match.group(1), match.group(2).strip(), rest.strip()))
     return documents
+
+
+def tag_blocks(
+    text: str, block: re.Pattern, any_tag: re.Pattern, after: dict[str, FormatReason]
+) -> list[tuple[str, str]]:
+    """The (tag, content) blocks of a tag format's turn; FormatError for empty text and for anything between,
+    around or inside the blocks.
+
+    ``block`` matches one block with the tag name in group 1 and the content in group 2, or a bare
+    marker (group 1 unset: the marker itself is the tag, its content empty). ``any_tag`` matches
+    any of the format's tags. ``after`` names the reason for text after a given tag (an action).
+    """
+    if not isinstance(text, str):
+        raise FormatError(FormatReason.EMPTY, f"expected text, got {type(text).__name__}")
+    text = normalize_newlines(text)
+    if not text.strip():
+        raise FormatError(FormatReason.EMPTY, "the output is empty")
+    blocks: list[tuple[str, str]] = []
+    position = 0
+    for match in block.finditer(text):
+        _check_gap(text[position : match.start()], blocks, any_tag, after)
+        tag, content = match.group(1) or match.group(0), match.group(2) or ""
+        if any_tag.search(content):
+            raise FormatError(FormatReason.STRAY_TEXT, f"a tag inside <{tag}>: {content.strip()[:80]!r}")
+        blocks.append((tag, content.strip()))
+        position = match.end()
+    _check_gap(text[position:], blocks, any_tag, after)
+    return blocks
+
+
+def _check_gap(gap: str, before: list[tuple[str, str]], any_tag: re.Pattern, after: dict[str, FormatReason]) -> None:
+    if not gap.strip():
+        return
+    tag = any_tag.search(gap)
+    if tag is not None and not tag.group(0).startswith("</"):
+        raise FormatError(FormatReason.UNCLOSED_TAG, f"{tag.group(0)} is never closed")
+    if not before:
+        raise FormatError(FormatReason.TEXT_BEFORE_ANALYSIS, f"text before the first tag: {gap.strip()[:80]!r}")
+    last = before[-1][0]
+    reason = after.get(last, FormatReason.STRAY_TEXT)
+    where = f"after {last if last.startswith('<') else f'</{last}>'}" if last in after else "outside the tags"
+    raise FormatError(reason, f"text {where}: {gap.strip()[:80]!r}")
 
 
 def answer_source(with_documents: bool) -> str:

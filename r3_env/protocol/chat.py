@@ -211,14 +211,23 @@ class MessageRenderer:
         self.system_prompt = system_prompt if system_prompt is not None else self.format.system_prompt()
         self.system_in_user = False  # a chat template without a system role: instructions lead the question
 
-    def messages(self, question: str, turns: Sequence[Turn] = ()) -> list[dict[str, str]]:
+    def messages(
+        self, question: str, turns: Sequence[Turn] = (), context: Sequence[Passage] = ()
+    ) -> list[dict[str, str]]:
         """The conversation as chat messages (for chat endpoints and SFT files)."""
         return build_messages(
-            question, turns, self.format, self.doc_chars, self.observation_role, self.system_prompt, self.system_in_user
+            question,
+            turns,
+            self.format,
+            self.doc_chars,
+            self.observation_role,
+            self.system_prompt,
+            self.system_in_user,
+            context,
         )
 
-    def prompt(self, question: str) -> str:
-        return self.format.render_question(question)
+    def prompt(self, question: str, context: Sequence[Passage] = ()) -> str:
+        return self.format.render_question(question, context, self.doc_chars)
 
     def step(self, step: Step) -> str:
         return self.format.render_step(step)
@@ -266,9 +275,9 @@ class ChatRenderer(MessageRenderer):
         """The token id(s) that end a step: give them to the engine's sampling params."""
         return [self.tokenizer.convert_tokens_to_ids(self.frame.turn_end)]
 
-    def prompt(self, question: str) -> str:
-        """The first observation: instructions and question, ending with the assistant generation prompt."""
-        return self.generation_prompt(self.messages(question))
+    def prompt(self, question: str, context: Sequence[Passage] = ()) -> str:
+        """The first observation: instructions, question (and ``context`` documents), then the generation prompt."""
+        return self.generation_prompt(self.messages(question, context=context))
 
     def generation_prompt(self, messages: Sequence[dict[str, str]]) -> str:
         """Any conversation through this renderer's chat template, ending with the assistant generation prompt."""
@@ -368,11 +377,12 @@ def build_messages(
     observation_role: str = "user",
     system_prompt: str | None = None,
     system_in_user: bool = False,
+    context: Sequence[Passage] = (),
 ) -> list[dict[str, str]]:
-    """The chat messages of a (partial) trajectory, in the given step format."""
+    """The chat messages of a (partial) trajectory, in the given step format (``context``: see render_question)."""
     fmt = get_format(step_format)
     system = system_prompt if system_prompt is not None else fmt.system_prompt()
-    messages = opening_messages(system, fmt.render_question(question), system_in_user)
+    messages = opening_messages(system, fmt.render_question(question, context, doc_chars), system_in_user)
     for number, turn in enumerate(turns, start=1):
         messages.append({"role": "assistant", "content": fmt.render_step(turn.step)})
         if not turn.step.is_final:

@@ -29,6 +29,7 @@ from r3_env.protocol.base import (
     answer_source,
     normalize_newlines,
     parse_document_blocks,
+    refuse_expansion,
     refuse_reflection,
     register_format,
     render_document_blocks,
@@ -109,6 +110,7 @@ class R3Format(StepFormat):
 
     def render_step(self, step: Step) -> str:
         refuse_reflection(step, self.name)
+        refuse_expansion(step, self.name)
         if not step.analysis:
             raise ValueError("step.analysis is empty")
         for line in step.analysis.split("\n")[1:]:

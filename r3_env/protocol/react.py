@@ -19,6 +19,7 @@ from r3_env.protocol.base import (
     answer_source,
     normalize_newlines,
     parse_document_blocks,
+    refuse_expansion,
     refuse_reflection,
     register_format,
     render_document_blocks,
@@ -59,6 +60,7 @@ class ReActFormat(StepFormat):
 
     def render_step(self, step: Step) -> str:
         refuse_reflection(step, self.name)
+        refuse_expansion(step, self.name)
         if not step.analysis:
             raise ValueError("step.analysis is empty")
         action = step.query if step.query is not None else step.answer

@@ -31,8 +31,10 @@ from r3_env.protocol.base import (
     answer_source,
     normalize_newlines,
     parse_document_blocks,
+    refuse_expansion,
     register_format,
     render_document_blocks,
+    tag_blocks,
 )
 
 TAGS = "think|reflect|search|answer|information"
@@ -46,35 +48,7 @@ _EMPTY_REASON = {
 }
 
 
-def _blocks(text: str) -> list[tuple[str, str]]:
-    """The (tag, content) blocks of ``text``; FormatError for anything between, around or inside them."""
-    blocks: list[tuple[str, str]] = []
-    position = 0
-    for match in _BLOCK.finditer(text):
-        _check_gap(text[position : match.start()], blocks)
-        tag, content = match.group(1), match.group(2)
-        if _ANY_TAG.search(content):
-            raise FormatError(FormatReason.STRAY_TEXT, f"a tag inside <{tag}>: {content.strip()[:80]!r}")
-        blocks.append((tag, content.strip()))
-        position = match.end()
-    _check_gap(text[position:], blocks)
-    return blocks
-
-
-def _check_gap(gap: str, before: list[tuple[str, str]]) -> None:
-    if not gap.strip():
-        return
-    tag = _ANY_TAG.search(gap)
-    if tag is not None and not tag.group(0).startswith("</"):
-        raise FormatError(FormatReason.UNCLOSED_TAG, f"{tag.group(0)} is never closed")
-    if not before:
-        raise FormatError(FormatReason.TEXT_BEFORE_ANALYSIS, f"text before the first tag: {gap.strip()[:80]!r}")
-    last = before[-1][0]
-    if last == "search":
-        raise FormatError(FormatReason.TEXT_AFTER_QUERY, f"text after </search>: {gap.strip()[:80]!r}")
-    if last == "answer":
-        raise FormatError(FormatReason.TEXT_AFTER_ANSWER, f"text after </answer>: {gap.strip()[:80]!r}")
-    raise FormatError(FormatReason.STRAY_TEXT, f"text outside the tags: {gap.strip()[:80]!r}")
+_AFTER = {"search": FormatReason.TEXT_AFTER_QUERY, "answer": FormatReason.TEXT_AFTER_ANSWER}
 
 
 class TagsFormat(StepFormat):
@@ -125,6 +99,7 @@ class TagsFormat(StepFormat):
         )
 
     def render_step(self, step: Step) -> str:
+        refuse_expansion(step, self.name)
         for name in ("analysis", "reflection", "query", "answer"):
             value = getattr(step, name)
             if value is not None and _ANY_TAG.search(value):
@@ -142,12 +117,7 @@ class TagsFormat(StepFormat):
         return "\n".join(f"<{tag}>{value}</{tag}>" for tag, value in parts if value is not None)
 
     def parse_step(self, text: str) -> Step:
-        if not isinstance(text, str):
-            raise FormatError(FormatReason.EMPTY, f"expected text, got {type(text).__name__}")
-        text = normalize_newlines(text)
-        if not text.strip():
-            raise FormatError(FormatReason.EMPTY, "the output is empty")
-        blocks = _blocks(text)
+        blocks = tag_blocks(text, _BLOCK, _ANY_TAG, _AFTER)
         tags = [tag for tag, _ in blocks]
         if not tags:
             raise FormatError(FormatReason.MISSING_ANALYSIS, "no <think> block")

@@ -85,7 +85,8 @@ def training_text(world: Path, config: TinyModelConfig) -> Iterator[str]:
         for index, item in enumerate(iter_dataset(world / f"{split}.jsonl")):
             yield item.question
             if split == "train" and index < config.tokenizer_questions:
-                for message in renderer.messages(item.question, _decomposition_turns(item, passages)):
+                turns = renderer.format.express_turns(_decomposition_turns(item, passages))
+                for message in renderer.messages(item.question, turns):
                     yield message["content"]
 
 
