@@ -36,6 +36,7 @@ from eval.methods import Method, MethodContext, get_method
 from r3_env.batching import Coalescer
 from r3_env.data import JsonlWriter, existing_ids, read_label
 from r3_env.env import EnvConfig
+from r3_env.protocol import get_format
 from r3_env.retrieval.base import Hit
 from r3_env.retrieval.client import AsyncRetrievalClient, RetrievalServiceError
 from r3_env.runs import (
@@ -95,6 +96,11 @@ class EvalRunConfig:
     def __post_init__(self) -> None:
         if not self.data:
             raise ValueError("data is required: one or more FlashRAG dataset files, comma-separated")
+        if get_format(self.step_format).expands_from_context:
+            raise ValueError(
+                f"step_format {self.step_format!r} steers a retrieval tree one expansion at a time: evaluate it "
+                "with --method rrt (its format options are --rrt_max_base / --rrt_max_predicted)"
+            )
         if self.naive_topk < 1 or self.concurrency < 1 or self.abort_after_failures < 1:
             raise ValueError("naive_topk, concurrency and abort_after_failures must be at least 1")
         if self.max_questions < 0:

@@ -284,9 +284,12 @@ def top_survivor_step_rewards(episode: Episode, config: TopSurvivorConfig) -> li
         multi_hit = sum(b.gold and b.new for b in base) + config.predicted_weight * sum(
             b.gold and b.new for b in predicted
         )
+        # a result counts for AP once: not a gold document the context or an earlier query already holds
         precision = top_t_average_precision(
-            [b.gold for b in base], config.survivors_base, episode.gold_total
-        ) + top_t_average_precision([b.gold for b in predicted], config.survivors_predicted, episode.gold_total)
+            [b.gold and b.new for b in base], config.survivors_base, episode.gold_total
+        ) + top_t_average_precision(
+            [b.gold and b.new for b in predicted], config.survivors_predicted, episode.gold_total
+        )
         form = min(config.format_cap, config.omega * config.format_bonus * len(branches))
         rewards.append(config.alpha * multi_hit + config.gamma * precision + form)
     if episode.outcome is Outcome.STOPPED:
@@ -320,7 +323,11 @@ class RewardScheme:
     needs_query_similarity: bool = False
     needs_training_step: bool = False
     stage_switch: int | None = None
-    score: Literal["accuracy", "gold_recall", "reward"] = "accuracy"
+    score: Literal["accuracy", "gold_recall", "reward"] | None = None  # None: accuracy when it needs correctness
+
+    def __post_init__(self) -> None:
+        if self.score is None:
+            object.__setattr__(self, "score", "accuracy" if self.needs_correctness else "gold_recall")
 
 
 _SCHEMES: dict[str, Callable[..., RewardScheme]] = {}
@@ -378,7 +385,6 @@ def _gold_hit(**options) -> RewardScheme:
         needs_relevance=False,
         needs_correctness=False,
         needs_gold=True,
-        score="gold_recall",
     )
 
 

@@ -206,6 +206,15 @@ class RolloutContext:
             doc_chars=config.env.doc_chars,
         )
         self.scheme: RewardScheme = get_scheme(config.reward.scheme, **config.reward.options)
+        scheme = self.scheme
+        if self.renderer.format.expands_from_context and (
+            scheme.needs_relevance or scheme.needs_correctness or scheme.needs_query_similarity
+        ):
+            raise ConfigError(
+                f"reward.scheme {scheme.name!r} judges answers or single queries, but policy.step_format "
+                f"{config.policy.step_format!r} steers retrieval with several queries and never answers: "
+                "use reward.scheme top_survivor (launch/configs/r2ag.yaml)"
+            )
         services = config.services
         wait = services.batch_wait_ms / 1000
         self._retriever = search or AsyncRetrievalClient(
@@ -444,8 +453,10 @@ async def _score(
             hits.append(BranchHit(top in gold, top in gold and top not in found, number >= len(step.queries)))
             found.add(top)
         branches.append(hits)
-        # found: what the step showed, and each query's top-1 (which the document limits may not have shown)
-        fresh = {i for i in [*step.doc_ids, *(ids[0] for ids in step.hits if ids)] if i in gold} - seen
+        # found: what the step showed; a multi-query step's queries also each find their top-1 (R2AG's
+        # vertices), which the environment's document limits may not have shown
+        tops = [ids[0] for ids in step.hits if ids] if step.query is None else []
+        fresh = {i for i in [*step.doc_ids, *tops] if i in gold} - seen
         step.new_gold = len(fresh)
         seen |= fresh
     similarity = None

@@ -6,9 +6,10 @@ one ``multi_query`` step (a reasoning, base queries, predicted queries, or stop)
 the iteration are retrieved top-k in ONE batched call, and each becomes a child vertex holding its
 documents. Top-Survivor keeps, per expanded vertex, the first ``survivors_base`` base queries and the
 first ``survivors_predicted`` predicted ones in the order the policy wrote them (the order the
-Top-t/x AP reward trains); a survivor is expanded at the next iteration when its step did not signal
-stop and its documents brought something new. Expansion ends when the frontier empties or after
-``max_iterations`` (L_MAX).
+Top-t/x AP reward trains). A survivor is expanded at the next iteration when its step did not
+signal stop and its documents added something to its own path (branches may meet: each finds what
+the other found first); survivors whose paths hold the same documents are expanded once. Expansion
+ends when the frontier empties or after ``max_iterations`` (L_MAX).
 
 The tree records every vertex (query, documents, gold hits), so the same code serves evaluation
 (:func:`tree_metrics`: Recall, Full-Recall, AP, documents retrieved) and progressive training
@@ -202,7 +203,7 @@ async def expand_tree(
         hits = await search_many([c.query[: config.max_query_chars] for c in children], config.topk)
         tree.retrieval_s += time.perf_counter() - began
         taken: dict[tuple[int | None, str], int] = {}
-        next_frontier = []
+        next_frontier, paths = [], set()
         for child, found in zip(children, hits, strict=True):
             child.documents = [hit.passage for hit in found]
             child.scores = [float(hit.score) for hit in found]
@@ -212,7 +213,12 @@ async def expand_tree(
             rank = taken[(child.parent, child.kind)] = taken.get((child.parent, child.kind), 0) + 1
             limit = config.survivors_base if child.kind == "base" else config.survivors_predicted
             child.survived = rank <= limit
-            if child.survived and fresh and not tree.vertices[child.parent].stop:
+            parent = tree.vertices[child.parent]
+            # it goes on when it added a document to its own path (branches may meet); equal paths go on once
+            path = frozenset(p.id for p in tree.context(parent)) | {p.id for p in child.documents}
+            grew = len(path) > len({p.id for p in tree.context(parent)})
+            if child.survived and grew and not parent.stop and path not in paths:
+                paths.add(path)
                 next_frontier.append(child)
         tree.vertices.extend(children)
         if len(next_frontier) > config.max_frontier:

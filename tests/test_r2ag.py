@@ -4,6 +4,7 @@ index, and the progressive driver's rounds with the local trainer against the re
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 
@@ -16,6 +17,7 @@ from r3_env.protocol import Step, get_format
 from r3_env.retrieval import load_retriever
 from r3_env.retrieval.config import RetrieverConfig
 from r3_env.retrieval.index_builder import IndexBuildConfig, build_index
+from r3_env.rollout import ServicesConfig
 from r3_env.tree import Tree, TreeConfig, expand_tree, gold_documents, oracle_steerer, prune_to_gold, tree_metrics
 from r3_env.world.build import WorldConfig, generate_world
 
@@ -294,6 +296,26 @@ def test_the_openrlhf_trainer_gets_each_rounds_prompts_policy_and_folder(world, 
         assert calls[1] == ["2", str(out / "round2" / "prompts.jsonl"), calls[0][3], str(out / "round2" / "train")]
         assert final == calls[1][3]
     assert len(list(iter_jsonl(out / "round1" / "trees.jsonl"))) == 3
+    # the last round still writes the next prompts, so a rerun with more rounds goes on from there
+    done = json.loads((out / "round2" / "done.json").read_text())
+    if done["next_prompts"]:
+        assert len(list(iter_jsonl(out / "round3" / "prompts.jsonl"))) == done["next_prompts"]
+        with ServiceProcess(["retriever", "serve", "--config", str(world["root"] / "retriever.yaml")]) as retriever:
+            more = dataclasses.replace(
+                settings, rollout=dataclasses.replace(settings.rollout, services=ServicesConfig(retriever.url))
+            )
+            ProgressiveTrainer(dataclasses.replace(config, rounds=3), more).run()
+        rounds = [line.split()[0] for line in (tmp_path / "calls.txt").read_text().splitlines()]
+        assert rounds == ["1", "2", "3"]  # rounds 1 and 2 are not trained again
+
+
+def test_the_driver_refuses_malformed_start_documents_naming_the_question(world):
+    from r3_env.train.progressive import first_round_prompts
+
+    item = world["items"][0]
+    bad = dataclasses.replace(item, metadata={**item.metadata, "start_documents": {"title": ["x"]}})
+    with pytest.raises(ValueError, match=f"{item.id}.*start_documents"):
+        first_round_prompts([bad])
 
 
 def test_the_demo_model_factory_learns_the_multi_query_markers(world, tmp_path):
@@ -307,3 +329,47 @@ def test_the_demo_model_factory_learns_the_multi_query_markers(world, tmp_path):
     # the markers' words are learnt whole (byte-level pre-tokenisation keeps "<", "-" and ">" apart)
     tokens = [token.lstrip("Ġ") for token in tokenizer.tokenize(step)]
     assert {"think", "base", "query", "predicted", "stop", "retrieval"} <= set(tokens)
+
+
+def test_branches_that_meet_go_on_from_their_joint_path_once(world):
+    """Gold A, B, C; C is asked for only once A and B are both on the path. The root asks for A and B;
+    A's branch then finds B and B's branch A (each new to its own path, not to the tree): the two paths
+    are the same, so one of them goes on, and finds C."""
+    retriever = world["retriever"]
+    titled = [p for p in world["passages"].values() if retriever.search([p.title], 1)[0][0].passage.id == p.id]
+    a, b, c = titled[:3]
+
+    async def steer(question, context):
+        have = {p.id for p in context}
+        if have == {a.id}:
+            return FORMAT.render_step(Step("B next.", queries=(b.title,)))
+        if have == {b.id}:
+            return FORMAT.render_step(Step("A next.", queries=(a.title,)))
+        if have == {a.id, b.id}:
+            return FORMAT.render_step(Step("Now C.", queries=(c.title,)))
+        if have == {a.id, b.id, c.id}:
+            return FORMAT.render_step(Step("All found.", stop=True))
+        return FORMAT.render_step(Step("A and B first.", queries=(a.title, b.title)))
+
+    search = CountingSearch(retriever)
+    tree = asyncio.run(expand_tree("q", steer, search, FORMAT, TreeConfig(), gold_ids=[a.id, b.id, c.id]))
+    assert tree.complete and tree_metrics(tree)["full_recall"] == 1.0
+    level2 = [v for v in tree.vertices if v.depth == 2]
+    assert len(level2) == 2 and sum(v.expanded for v in level2) == 1  # equal paths {A, B}: expanded once
+    assert search.calls[2] == [c.title]
+
+
+def test_the_multi_query_format_is_refused_where_episodes_are_conversations_or_judged(chat_tokenizers):
+    from eval.run import EvalRunConfig
+    from r3_env.coldstart.synth import SynthConfig
+    from r3_env.config import ConfigError
+    from r3_env.rollout import RolloutConfig, RolloutContext
+
+    with pytest.raises(ValueError, match="--method rrt"):
+        EvalRunConfig(data="d.jsonl", step_format="multi_query")
+    with pytest.raises(ValueError, match="sft-data --step_format multi_query"):
+        SynthConfig(data="d.jsonl", step_format="multi_query")
+    for scheme in ("r3", "lws", "outcome"):
+        config = RolloutConfig.from_dict({"policy": {"step_format": "multi_query"}, "reward": {"scheme": scheme}})
+        with pytest.raises(ConfigError, match="top_survivor"):
+            RolloutContext(config, chat_tokenizers[0][1])

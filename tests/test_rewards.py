@@ -192,9 +192,12 @@ NA, ST = Outcome.NO_ANSWER, Outcome.STOPPED
         # a predicted hit counts l = 1.25 in R_MH; its AP is the predicted queries' own; two blocks 0.02
         (expansion(NA, [[MISS, P_HIT]], 3), {}, [0.2 * 1.25 + 0.2 * (0 + 1 / 3) + 0.02]),
         (expansion(NA, [[HIT, P_HIT]], 2), {}, [0.2 * (1 + 1.25) + 0.2 * (1 / 2 + 1 / 2) + 0.02]),
-        # only NEW gold counts in R_MH; AP counts every gold top-1: (1/3)(1/1 + 2/2)
-        (expansion(NA, [[OLD, HIT]], 3, gold_before=1), {}, [0.2 * 1 + 0.2 * (2 / 3) + 0.02]),
-        (expansion(NA, [[OLD, P_OLD]], 2, gold_before=1), {}, [0.0 + 0.2 * (1 / 2 + 1 / 2) + 0.02]),
+        # only NEW gold counts, in R_MH and in AP (a gold document already held is not a hit again):
+        # the new hit at rank 2 gives AP (1/3)(1/2)
+        (expansion(NA, [[OLD, HIT]], 3, gold_before=1), {}, [0.2 * 1 + 0.2 * (1 / 3) * (1 / 2) + 0.02]),
+        (expansion(NA, [[OLD, P_OLD]], 2, gold_before=1), {}, [0.0 + 0.0 + 0.02]),
+        # copying a query earns nothing: four queries on the one gold document held score the format bonus only
+        (expansion(NA, [[OLD] * 4], 2, gold_before=1), {}, [0.02]),
         # AP over the first t = 4 base results: ranks 2 and 4 are gold, the 5th (gold) is ignored
         (
             expansion(NA, [[MISS, HIT, MISS, HIT, HIT]], 4),
@@ -224,7 +227,7 @@ NA, ST = Outcome.NO_ANSWER, Outcome.STOPPED
         (
             expansion(NA, [[HIT, MISS], [OLD, P_HIT]], 2, stopped=True),
             {},
-            [0.2 + 0.2 * (1 / 2) + 0.02, 0.2 * 1.25 + 0.2 * (1 / 2 + 1 / 2) + 0.02 + 0.3],
+            [0.2 + 0.2 * (1 / 2) + 0.02, 0.2 * 1.25 + 0.2 * (0 + 1 / 2) + 0.02 + 0.3],
         ),
         # a stop-only final step (STOPPED): R_JH alone at that step
         (expansion(ST, [[HIT, HIT]], 2), {}, [0.2 * 2 + 0.2 * (1 / 2) * (1 + 2 / 2) + 0.02, 0.3]),

@@ -523,9 +523,9 @@ def test_an_r2ag_training_sample_is_one_expansion_step_from_its_context(tokenize
     assert step["hits"] == [["g2"], ["n1"], ["g1"], ["g3"]]  # per query, base first, top-1 each
     assert search.calls[0] == [*expand.queries, "Oslo river"]  # the step's four queries in one batched call
     # R_MH: g2 (base, new) + 1.25 x g3 (predicted, new); g1 is gold but was in the context
-    # R_AP: base [gold, miss, gold] -> (1/3)(1/1 + 2/3); predicted [gold] -> (1/3)(1/1)
+    # R_AP counts new gold only: base [gold, miss, held] -> (1/3)(1/1); predicted [gold] -> (1/3)(1/1)
     # R_f: four blocks, capped at 0.02; R_JH: g1 (context) + g2 + g3 is every gold document, and it stopped
-    mh, ap = 1 + 1.25, (1 + 2 / 3) / 3 + 1 / 3
+    mh, ap = 1 + 1.25, 1 / 3 + 1 / 3
     assert stopped.step_rewards == pytest.approx([0.2 * mh + 0.2 * ap + 0.02 + 0.3])
     # OpenRLHF's dynamic filtering reads the episode's reward as its score (all-zero groups are dropped)
     assert stopped.outcome == "no_answer" and stopped.score == pytest.approx(sum(stopped.step_rewards))
@@ -568,10 +568,10 @@ def test_a_multi_step_r2ag_episode_ends_on_a_stop_only_step(tokenizer, model):
     assert [s["hits"] for s in steps] == [[["g2"], ["n1"], ["g1"]], [["g2"], ["g3"]], []]
     assert steps[2]["stop"] is True and steps[2]["analysis"] == "All three documents are in."
     assert search.calls[:2] == [[*first.queries, *first.predicted], [*second.queries, *second.predicted]]
-    # step 1: g2 new (base); g1 gold but from the context. AP base [gold, miss] (1/3); predicted [gold] (1/3)
-    # step 2: g2 again (not new); g3 new (predicted, 1.25). AP base [gold] (1/3); predicted [gold] (1/3)
+    # step 1: g2 new (base); g1 gold but from the context. AP (new gold only) base [gold, miss] (1/3);
+    # predicted [held] 0. Step 2: g2 again (held); g3 new (predicted, 1.25). AP base 0; predicted (1/3)
     # step 3: the stop signal alone, with g1 + g2 + g3 found: R_JH
-    expected = [0.2 * 1 + 0.2 * (1 / 3 + 1 / 3) + 0.02, 0.2 * 1.25 + 0.2 * (1 / 3 + 1 / 3) + 0.02, 0.3]
+    expected = [0.2 * 1 + 0.2 * (1 / 3) + 0.02, 0.2 * 1.25 + 0.2 * (1 / 3) + 0.02, 0.3]
     assert result.step_rewards == pytest.approx(expected)
     assert len(result.action_ranges) == 3 and result.score == pytest.approx(sum(expected))
     # the documents of step 1 were shown under the multi_query header (the union of the queries' top-1)
@@ -616,10 +616,45 @@ def test_multi_query_steps_through_the_retrieval_service(world, retriever, token
     assert result.record["steps"][0]["hits"] == [[i] for i in top]
     assert ctx.search_batcher.calls == 1 and ctx.search_batcher.items == 3
     # the Top-Survivor terms from the service's own top-1 results (no context, nothing stopped)
-    base_gold = [top[0] in gold, top[1] in gold]
-    new_base = len({i for i in top[:2] if i in gold})
+    base_new = [top[0] in gold, top[1] in gold and top[1] != top[0]]  # AP counts each gold document once
+    new_base = sum(base_new)
     new_predicted = top[2] in gold and top[2] not in top[:2]
-    ap = sum(base_gold[u] * sum(base_gold[: u + 1]) / (u + 1) for u in range(2)) / len(gold)
-    ap += (top[2] in gold) / len(gold)
+    ap = sum(base_new[u] * sum(base_new[: u + 1]) / (u + 1) for u in range(2)) / len(gold)
+    ap += new_predicted / len(gold)
     assert result.step_rewards == pytest.approx([0.2 * (new_base + 1.25 * new_predicted) + 0.2 * ap + 0.02])
     assert result.outcome == "no_answer"
+
+
+def test_a_gold_passage_the_document_cap_held_back_is_not_found_in_single_query_formats(tokenizer, model):
+    """gold_hit on r3 with env.max_total_docs 1: step 2's gold top-1 is never shown, so it is not found (and no
+    completion bonus); only multi_query steps count each query's top-1 as found (R2AG's vertices)."""
+    r3 = get_format("r3")
+    plans = {
+        "Which river flows through the birthplace of Marta Kell?": [
+            r3.render_step(Step("I need her birthplace.", query="Marta Kell")),
+            r3.render_step(Step("Now the river.", query="Oslo river")),
+            r3.render_step(Step("Found it.", answer="Akerselva")),
+        ]
+    }
+    values = {
+        "env": {"max_total_docs": 1, "topk": 1},
+        "reward": {"scheme": "gold_hit", "placement": "scalar"},
+        "policy": {"step_format": "r3"},
+    }
+    config = RolloutConfig.from_dict(values)
+
+    async def main():
+        search = MappedSearch(R2AG_SEARCH)
+        ctx = RolloutContext(config, tokenizer, search=search)
+        engine = HFEngine(model, tokenizer, max_batch=4, script=Script(tokenizer, plans, step_format="r3"))
+        question = next(iter(plans))
+        label = json.dumps({"question": question, "golden_answers": ["Akerselva"], "gold_ids": ["g2", "g3"]})
+        result = await run_episode(ctx, engine, question, label, SamplingParams(), 4096)
+        await ctx.aclose()
+        return result
+
+    result = run(main())
+    steps = result.record["steps"]
+    assert [s["hits"] for s in steps[:2]] == [[["g2"]], [["g3"]]] and steps[1]["doc_ids"] == []  # capped: not shown
+    assert [s["new_gold"] for s in steps[:2]] == [1, 0]
+    assert result.step_rewards == [0.0, 0.0, 0.0] and result.score == 0.0  # answered before g3 was found

@@ -152,12 +152,15 @@ def build_sft_data(config: SFTDataConfig) -> dict[str, Any]:
                 if not checked:
                     renderer.check_tokenization(row["question"], turns)
                     checked = True
-                if renderer.format.expands_from_context:  # the longest example: the last step, most context
-                    last = expansions(row["question"], turns, renderer)[-1]
-                    transcript = renderer.generation_prompt(last[:-1]) + renderer.step(turns[-1].step)
+                if renderer.format.expands_from_context:  # one example per step: the longest one counts
+                    conversations = expansions(row["question"], turns, renderer)
+                    texts = [
+                        renderer.generation_prompt(messages[:-1]) + renderer.step(turn.step)
+                        for messages, turn in zip(conversations, turns, strict=True)
+                    ]
                 else:
-                    transcript = renderer.transcript(row["question"], turns)
-                tokens = len(renderer.tokenizer(transcript, add_special_tokens=False)["input_ids"])
+                    texts = [renderer.transcript(row["question"], turns)]
+                tokens = max(len(renderer.tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts)
                 if tokens > config.max_length:
                     counts["dropped_too_long"] += 1
                     continue

@@ -34,7 +34,7 @@ from r3_env.chat_client import ChatReply
 from r3_env.coldstart.teacher import Teacher, TeacherConfig, TeacherError, TeacherRequest, make_teacher
 from r3_env.data import JsonlWriter, existing_ids, iter_jsonl, write_jsonl
 from r3_env.env import EnvConfig, RetrievalEnv
-from r3_env.protocol import MessageRenderer
+from r3_env.protocol import MessageRenderer, get_format
 from r3_env.records import episode_fields, play
 from r3_env.retrieval.base import Hit
 from r3_env.retrieval.client import RetrievalServiceError
@@ -78,6 +78,11 @@ class SynthConfig:
             raise ValueError("samples, concurrency and abort_after_failures must be at least 1")
         if self.max_questions < 0:
             raise ValueError(f"max_questions must be 0 or more, got {self.max_questions}")
+        if get_format(self.step_format).expands_from_context:
+            raise ValueError(
+                f"step_format {self.step_format!r} writes one expansion step per prompt, not a trajectory: synthesize "
+                f"in r3 and convert with r3rag coldstart sft-data --step_format {self.step_format}"
+            )
         self.temperature_list()
 
     def temperature_list(self) -> list[float]:

@@ -59,7 +59,7 @@ from r3_env.train.models import (
 
 logger = logging.getLogger(__name__)
 
-OUTCOMES = ("correct", "wrong", "no_answer", "format_error", "service_failure")
+OUTCOMES = ("correct", "wrong", "no_answer", "stopped", "format_error", "service_failure")
 
 
 def openrlhf_args(ppo: PPOConfig, placement: str) -> SimpleNamespace:

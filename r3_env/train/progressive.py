@@ -59,7 +59,10 @@ class ProgressiveConfig:
 
     def __post_init__(self) -> None:
         if self.rounds < 1 or self.expand_batch < 1 or self.expand_temperature < 0:
-            raise ValueError("r2ag.rounds and r2ag.expand_batch must be at least 1, expand_temperature 0 or more")
+            raise ValueError(
+                "r2ag.rounds and r2ag.expand_batch must be at least 1 and expand_temperature 0 or more, got "
+                f"{self.rounds}, {self.expand_batch}, {self.expand_temperature}"
+            )
 
 
 def round_folder(out: Path, number: int) -> Path:
@@ -71,11 +74,14 @@ def first_round_prompts(items: list[QAItem]) -> list[QAItem]:
     ``metadata.start_documents`` already holds (a warm start)."""
     kept = []
     for item in items:
-        if not read_label(item.to_json()).gold_ids:
+        label = read_label(item.to_json())
+        if not label.gold_ids:
             raise ValueError(
                 f"question {item.id!r} names no gold passages: R2AG trains on gold hits "
                 "(metadata.supporting_passage_ids)"
             )
+        if label.problem:
+            raise ValueError(f"question {item.id!r}: {label.problem}; give metadata.start_documents as that list")
         kept.append(
             dataclasses.replace(
                 item, metadata={**item.metadata, "start_documents": item.metadata.get("start_documents", [])}
@@ -132,8 +138,8 @@ class ProgressiveTrainer:
             started = time.perf_counter()
             policy = self.train(number, prompts, policy)
             trees = self.expand(folder, items, policy)
-            following = next_prompts(items, trees) if number < self.config.rounds else []
-            if following:
+            following = next_prompts(items, trees)
+            if following:  # written after the last round too: a rerun with more rounds goes on from them
                 write_dataset(round_folder(self.out, number + 1) / "prompts.jsonl", following)
             complete = sum(tree.complete for tree in trees.values())
             summary = {
