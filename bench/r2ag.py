@@ -9,12 +9,13 @@ Real data (../shared/data, or $R3RAG_SHARED_DATA): a BM25 index of each dataset'
 built from the question's annotation, driven through :func:`r3_env.tree.expand_tree` with
 :func:`r3_env.tree.oracle_steerer` (multi_query format, up to 8 base queries a step, top-1 per query,
 L_MAX 5), once writing every missing hop at each step ("all at once") and once one hop a step ("hop by
-hop"). The oracle's queries:
+hop"). The oracle's queries are the evidence chains the evidence teacher writes
+(:func:`r3_env.coldstart.evidence.evidence_hops`):
 
-- HotpotQA: each supporting paragraph's TITLE (a strong BM25 query for its own paragraph);
-- 2Wiki: "subject relation" for each evidence triple, aimed at the gold paragraph whose title is the
-  subject (exact, else the closest title by words with parentheses dropped; a triple whose subject
-  matches no gold paragraph is skipped, one query per gold paragraph);
+- HotpotQA: a bridge question first searches with the question, then with the bridge entity (the
+  other supporting title); a comparison queries each entity's title;
+- 2Wiki: "subject relation" for each evidence triple, aimed at the gold paragraph about the subject
+  (matched to the supporting titles one to one by string similarity);
 - MuSiQue: the decomposition's sub-questions with "#k" replaced by the earlier hops' answers, aimed at
   context_passage_ids[paragraph_support_idx].
 
@@ -46,7 +47,6 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -59,7 +59,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from r3_env.data import Passage, QAItem, iter_corpus, read_dataset  # noqa: E402
+from r3_env.coldstart.evidence import evidence_hops  # noqa: E402
+from r3_env.data import Passage, QAItem, read_dataset  # noqa: E402
 from r3_env.protocol import StepFormat, get_format  # noqa: E402
 from r3_env.retrieval import load_retriever  # noqa: E402
 from r3_env.retrieval.base import Retriever  # noqa: E402
@@ -79,7 +80,7 @@ PAPER = {
     "musique": {"sr5": (37.0, 10.1, 5.0), "r2ag": (69.2, 46.8, 4.9)},
 }
 ORACLE_NATURE = {
-    "hotpotqa": "queries = the supporting paragraphs' titles (a strong BM25 query for its own paragraph)",
+    "hotpotqa": "bridge: the question, then the bridge entity's title; comparison: each entity's title",
     "2wikimultihopqa": "queries = 'subject relation' of the evidence triples, one per gold paragraph",
     "musique": "queries = the decomposition's sub-questions, #k replaced by the earlier answers",
     "world": "queries = the world's question_decomposition sub-questions",
@@ -91,70 +92,9 @@ Plan = list[tuple[str, str]]
 # -- oracle plans ---------------------------------------------------------------------------------
 
 
-def _words(text: str) -> set[str]:
-    """Lower-case words with parenthesised parts dropped ("Dollar (1938 film)" -> {"dollar"})."""
-    return set(re.findall(r"\w+", re.sub(r"\([^)]*\)", " ", text).casefold()))
-
-
-def _match_title(subject: str, golds: Sequence[tuple[str, str]]) -> str | None:
-    """The gold id whose title is ``subject``, else the closest by words (containment or Jaccard >= 0.5)."""
-    for gold, title in golds:
-        if title == subject:
-            return gold
-    mine, best, best_score = _words(subject), None, 0.0
-    for gold, title in golds:
-        theirs = _words(title)
-        if not mine or not theirs:
-            continue
-        score = len(mine & theirs) / len(mine | theirs)
-        if (score >= 0.5 or mine <= theirs or theirs <= mine) and score > best_score:
-            best, best_score = gold, score
-    return best
-
-
-def _one_per_gold(plan: Plan) -> Plan:
-    """The first query aimed at each gold passage."""
-    return list({gold: (query, gold) for query, gold in reversed(plan)}.values())[::-1]
-
-
-def hotpotqa_plan(item: QAItem, titles: dict[str, str]) -> Plan:
-    return [(titles[gold], gold) for gold in item.metadata["supporting_passage_ids"]]
-
-
-def twowiki_plan(item: QAItem, titles: dict[str, str]) -> Plan:
-    golds = [(gold, titles[gold]) for gold in item.metadata["supporting_passage_ids"]]
-    plan = []
-    for subject, relation, _ in item.metadata.get("evidences", []):
-        gold = _match_title(subject, golds)
-        if gold is not None:
-            plan.append((f"{subject} {relation}", gold))
-    return _one_per_gold(plan)
-
-
-def musique_plan(item: QAItem, titles: dict[str, str]) -> Plan:
-    context, answers, plan = item.metadata["context_passage_ids"], [], []
-    for hop in item.metadata.get("question_decomposition", []):
-
-        def answer(match: re.Match) -> str:
-            number = int(match.group(1))
-            return answers[number - 1] if 1 <= number <= len(answers) else match.group(0)
-
-        query = re.sub(r"#(\d+)", answer, hop["question"]).replace(" >> ", " ").strip()
-        answers.append(str(hop.get("answer", "")))
-        if hop.get("paragraph_support_idx") is not None and query:
-            plan.append((query, str(context[hop["paragraph_support_idx"]])))
-    return _one_per_gold(plan)
-
-
-def world_plan(item: QAItem, titles: dict[str, str] | None = None) -> Plan:
-    return _one_per_gold([(h["question"], h["passage_id"]) for h in item.metadata["question_decomposition"]])
-
-
-PLANS: dict[str, Callable[[QAItem, dict[str, str]], Plan]] = {
-    "hotpotqa": hotpotqa_plan,
-    "2wikimultihopqa": twowiki_plan,
-    "musique": musique_plan,
-}
+def oracle_plan(item: QAItem) -> Plan:
+    """The question's evidence chain as (query, gold id) hops (the evidence teacher's, r3_env.coldstart.evidence)."""
+    return [(hop.query, hop.gold_id) for hop in evidence_hops(item)]
 
 
 def plan_coverage(items: Sequence[QAItem], plans: Sequence[Plan]) -> dict[str, float]:
@@ -292,9 +232,7 @@ def real_part(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         items = read_dataset(folder / "dev.jsonl")
         if args.max_questions:
             items = items[: args.max_questions]
-        needed = {g for item in items for g in item.metadata["supporting_passage_ids"]}
-        titles = {p.id: p.title for p in iter_corpus(folder / "corpus.jsonl") if p.id in needed}
-        plans = [PLANS[name](item, titles) for item in items]
+        plans = [oracle_plan(item) for item in items]
         retriever = open_index(folder / "corpus.jsonl", work / "indexes" / name)
         try:
             results: dict[str, Any] = {"plan": plan_coverage(items, plans), "tree": {}, "single_shot": {}}
@@ -443,11 +381,11 @@ def synthetic_part(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "world": {"entities": args.entities, "dev_questions": len(dev), "train_questions": len(train)},
         "tree": {},
         "single_shot": {},
-        "plan": plan_coverage(dev, [world_plan(i) for i in dev]),
+        "plan": plan_coverage(dev, [oracle_plan(i) for i in dev]),
         "training": {},
     }
     try:
-        ks = oracle_runs("world", dev, [world_plan(i) for i in dev], retriever, results)
+        ks = oracle_runs("world", dev, [oracle_plan(i) for i in dev], retriever, results)
         results["matched_k"] = dict(zip(MODES, ks, strict=True))
         prompts = work / f"{world.name}-train{len(train)}.jsonl"
         prompts.write_text("".join(json.dumps(i.to_json()) + "\n" for i in train))
@@ -477,7 +415,7 @@ def synthetic_part(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 )
                 start = results["training"][label]["start_policy"]
                 runs += [("default-size policy, SFT cold start only", cold, start), (label, cold, policy2)]
-        forced = {item.question: world_plan(item) for item in dev}
+        forced = {item.question: oracle_plan(item) for item in dev}
         runs = [(label, run_settings, policy, None, 0) for label, run_settings, policy in runs]
         runs += [
             (f"tiny model forced to the oracle, {mode}", settings, str(policy0), forced, hops)

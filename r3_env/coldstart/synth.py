@@ -214,6 +214,20 @@ def summarize(samples: list[dict[str, Any]], kept: dict[str, dict[str, Any]], qu
             "prompt_tokens": sum(row["usage"]["prompt_tokens"] for row in rows),
             "completion_tokens": sum(row["usage"]["completion_tokens"] for row in rows),
         }
+        typed = [q for q in questions if q.dataset == dataset]
+        types = {q.item.id: str(q.item.metadata.get("type") or "(no type)") for q in typed}
+        if any(q.item.metadata.get("type") for q in typed):  # per the annotation's type: bridge, 2hop, ...
+            kept_ids = {row["question_id"] for row in chosen}
+            by_type: dict[str, dict[str, Any]] = {}
+            for kind in sorted(set(types.values())):
+                ids = {qid for qid, t in types.items() if t == kind} & sampled
+                accepted = len(ids & kept_ids)
+                by_type[kind] = {
+                    "questions": len(ids),
+                    "trajectories": accepted,
+                    "acceptance_rate": accepted / len(ids) if ids else 0.0,
+                }
+            by_dataset[dataset]["by_type"] = by_type
     return by_dataset
 
 
@@ -332,6 +346,9 @@ def format_summary(summary: dict[str, Any], out: str) -> str:
             f"{d['prompt_tokens']:>10,}/{d['completion_tokens']:,}"
         )
         lines.append(f"    outcomes: {', '.join(f'{k} {v:,}' for k, v in d['outcomes'].items())}")
+        if d.get("by_type"):
+            kinds = (f"{kind} {t['acceptance_rate']:.1%} of {t['questions']:,}" for kind, t in d["by_type"].items())
+            lines.append(f"    accepted by type: {', '.join(kinds)}")
     run = summary["run"]
     rate = run["done"] / run["wall_s"] if run["wall_s"] else 0.0
     lines.append(

@@ -4,7 +4,8 @@ Algorithm 1 asks a strong LLM (the paper: DeepSeek-V3) for one step at a time, g
 and the steps so far as chat messages rendered by :mod:`r3_env.protocol`. :class:`OpenAITeacher`
 does that through :class:`r3_env.chat_client.OpenAIChat` (rate limit, retries);
 :class:`r3_env.coldstart.scripted.ScriptedTeacher` answers the same request from the synthetic
-world's gold decompositions, so the embedded default has cold-start data without any API.
+world's gold decompositions, so the embedded default has cold-start data without any API, and
+:class:`r3_env.coldstart.evidence.EvidenceTeacher` from the evidence chains real datasets annotate.
 """
 
 from __future__ import annotations
@@ -27,8 +28,12 @@ class TeacherError(RuntimeError):
 class TeacherConfig:
     """Which teacher writes the steps, and how to reach it."""
 
-    kind: Literal["openai", "scripted"] = field(
-        default="scripted", metadata={"help": "openai (an OpenAI-compatible chat endpoint) or scripted (world only)"}
+    kind: Literal["openai", "scripted", "evidence"] = field(
+        default="scripted",
+        metadata={
+            "help": "openai (an OpenAI-compatible chat endpoint), scripted (world only) or evidence (the datasets' "
+            "annotated evidence chains: 2Wiki, MuSiQue, HotpotQA)"
+        },
     )
     base_url: str = field(default="", metadata={"help": "endpoint base URL, e.g. https://api.deepseek.com/v1"})
     model: str = field(default="", metadata={"help": "model name sent to the endpoint, e.g. deepseek-chat"})
@@ -112,6 +117,10 @@ class OpenAITeacher(Teacher):
 def make_teacher(config: TeacherConfig, max_connections: int = 64, step_format: str = "r3") -> Teacher:
     if config.kind == "openai":
         return OpenAITeacher(config, max_connections)
+    if config.kind == "evidence":
+        from r3_env.coldstart.evidence import EvidenceTeacher
+
+        return EvidenceTeacher(config, step_format)
     from r3_env.coldstart.scripted import ScriptedTeacher
 
     return ScriptedTeacher(config, step_format)

@@ -1,0 +1,223 @@
+"""The evidence teacher: cold-start trajectories written from the datasets' own annotations, no teacher LLM.
+
+Multi-hop datasets annotate the chain of evidence behind each question; each link becomes one
+retrieval step aimed at one gold paragraph (:func:`evidence_hops`):
+
+- 2WikiMultihopQA (``evidences``: subject, relation, object triples): one query per triple naming
+  the subject and the relation, aimed at the gold paragraph about the subject; comparison
+  questions thereby query each entity;
+- MuSiQue and the synthetic world (``question_decomposition``): the sub-questions, with MuSiQue's
+  ``#k`` replaced by the k-th earlier answer, aimed at the paragraph that answers each;
+- HotpotQA (``supporting_titles``): a comparison (both titles named in the question) queries each
+  entity; a bridge question first retrieves with the question itself, then with the bridge entity
+  the first gold paragraph names (the other supporting title).
+
+:class:`EvidenceTeacher` writes those steps in varied wordings and answers with the golden answer once
+every hop's paragraph was shown. It applies Algorithm 1's rejection to retrieval: when a step's
+documents miss its gold paragraph it gives up (answers "unknown"), so rejection sampling drops the
+trajectory and the acceptance rate measures how often the annotated chain is retrievable step by step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import itertools
+import random
+import re
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from r3_env.chat_client import ChatReply
+from r3_env.coldstart.teacher import Teacher, TeacherConfig, TeacherRequest
+from r3_env.data import QAItem
+from r3_env.protocol import Step, get_format
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One link of the evidence chain: a query, the gold paragraph it should bring back, what it is for."""
+
+    query: str
+    gold_id: str
+    need: str  # the missing fact, as the analysis names it
+    fact: str = ""  # the fact once found, as the final step cites it ("" when the annotation has none)
+
+
+class EvidenceError(ValueError):
+    """The item's annotation does not give an evidence chain."""
+
+
+def _supporting(item: QAItem) -> list[tuple[str, str]]:
+    """(gold id, title) pairs, in the annotation's order."""
+    ids = [str(i) for i in item.metadata.get("supporting_passage_ids") or []]
+    titles = [str(t) for t in item.metadata.get("supporting_titles") or []]
+    if not ids:
+        raise EvidenceError(f"question {item.id!r}: metadata.supporting_passage_ids is missing or empty")
+    if titles and len(titles) != len(ids):
+        raise EvidenceError(f"question {item.id!r}: supporting_titles and supporting_passage_ids differ in length")
+    return list(zip(ids, titles or [""] * len(ids), strict=True))
+
+
+def _name(text: str) -> str:
+    """A title or subject for comparison: lower case, parenthesised parts and extra spaces dropped."""
+    return " ".join(re.sub(r"\([^)]*\)", " ", text).casefold().split())
+
+
+def _words(text: str) -> set[str]:
+    return set(re.findall(r"\w+", _name(text)))
+
+
+def match_subjects(subjects: Sequence[str], golds: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """Each distinct subject's gold id: the one-to-one assignment of subjects to gold titles with the most
+    string similarity (pairs below 0.5 stay unassigned).
+
+    2Wiki's triple subjects often differ from the paragraph titles: "Euphoria" vs "Euphoria (Usher
+    song)", or "Charles James Mathew" vs "Charles Mathew" when another gold is "James Charles Mathew".
+    """
+    names = list(dict.fromkeys(subjects))
+    score = {
+        (s, g): difflib.SequenceMatcher(None, _name(s), _name(t)).ratio() if _name(s) != _name(t) else 2.0
+        for s in names
+        for g, t in golds
+    }
+    slots = [g for g, _ in golds] + [None] * len(names)  # None: the subject matches no gold paragraph
+    best: tuple[float, tuple] = (-1.0, ())
+    for chosen in itertools.permutations(slots, len(names)):
+        if any(g is not None and score[(s, g)] < 0.5 for s, g in zip(names, chosen, strict=True)):
+            continue
+        total = sum(score[(s, g)] for s, g in zip(names, chosen, strict=True) if g is not None)
+        if total > best[0]:
+            best = (total, chosen)
+    return {s: g for s, g in zip(names, best[1], strict=True) if g is not None}
+
+
+def _one_per_gold(hops: list[Hop]) -> list[Hop]:
+    """The first hop aimed at each gold paragraph."""
+    seen: set[str] = set()
+    kept = []
+    for hop in hops:
+        if hop.gold_id not in seen:
+            seen.add(hop.gold_id)
+            kept.append(hop)
+    return kept
+
+
+def twowiki_hops(item: QAItem) -> list[Hop]:
+    triples = [[str(part) for part in triple] for triple in item.metadata.get("evidences") or []]
+    gold_of = match_subjects([subject for subject, _, _ in triples], _supporting(item))
+    hops = [
+        Hop(f"{subject} {relation}", gold_of[subject], f"the {relation} of {subject}", f"{subject}: {relation} {obj}")
+        for subject, relation, obj in triples
+        if subject in gold_of
+    ]
+    return _one_per_gold(hops)
+
+
+def decomposition_hops(item: QAItem) -> list[Hop]:
+    """MuSiQue (``paragraph_support_idx`` into ``context_passage_ids``) and the world (``passage_id``)."""
+    context = [str(i) for i in item.metadata.get("context_passage_ids") or []]
+    answers: list[str] = []
+    hops = []
+    for hop in item.metadata["question_decomposition"]:
+
+        def earlier(match: re.Match) -> str:
+            number = int(match.group(1))
+            return answers[number - 1] if 1 <= number <= len(answers) else match.group(0)
+
+        query = re.sub(r"#(\d+)", earlier, str(hop["question"])).replace(" >> ", " ").strip()
+        answer = str(hop.get("answer", ""))
+        answers.append(answer)
+        if "passage_id" in hop:
+            gold = str(hop["passage_id"])
+        elif hop.get("paragraph_support_idx") is not None and hop["paragraph_support_idx"] < len(context):
+            gold = context[hop["paragraph_support_idx"]]
+        else:
+            continue
+        if query:
+            hops.append(Hop(query, gold, query.rstrip("?"), f"{query.rstrip('?')}: {answer}" if answer else ""))
+    return _one_per_gold(hops)
+
+
+def hotpotqa_hops(item: QAItem) -> list[Hop]:
+    golds = _supporting(item)
+    question = item.question.casefold()
+    named = [(gold, title) for gold, title in golds if title and _words(title) <= _words(question)]
+    kind = item.metadata.get("type") or ("comparison" if len(named) == len(golds) else "bridge")
+    if kind == "comparison":
+        return [Hop(title, gold, f"the facts about {title}") for gold, title in golds]
+    # bridge: the question finds the paragraph it names; that paragraph names the bridge entity
+    first = named[0] if named else golds[0]
+    rest = [(gold, title) for gold, title in golds if gold != first[0]]
+    hops = [Hop(item.question, first[0], f"the paragraph about {first[1] or 'the question'}")]
+    hops += [Hop(title, gold, f"the facts about {title}, which that paragraph names") for gold, title in rest]
+    return hops
+
+
+def evidence_hops(item: QAItem) -> list[Hop]:
+    """The item's evidence chain, from whichever annotation it carries (EvidenceError when none)."""
+    metadata = item.metadata
+    if metadata.get("question_decomposition"):
+        hops = decomposition_hops(item)
+    elif metadata.get("evidences"):
+        hops = twowiki_hops(item)
+    elif metadata.get("supporting_titles"):
+        hops = hotpotqa_hops(item)
+    else:
+        raise EvidenceError(
+            f"question {item.id!r} has no evidence annotation: the evidence teacher reads metadata."
+            "question_decomposition (MuSiQue), evidences (2Wiki) or supporting_titles (HotpotQA)"
+        )
+    if not hops:
+        raise EvidenceError(f"question {item.id!r}: its annotation names no hop with a gold paragraph")
+    return [dataclasses.replace(hop, query=" ".join(hop.query.split())) for hop in hops]  # as a Step keeps it
+
+
+OPENINGS = (
+    "The question depends on several facts. I will start with {need}.",
+    "To answer it I first need {need}.",
+    "Nothing is retrieved yet; the first fact to look up is {need}.",
+)
+FOUND = (
+    ("The documents give what I was looking for.", "Next I need {need}."),
+    ("That search found the passage I needed.", "The next missing fact is {need}."),
+    ("Now I have that piece of evidence.", "I still need {need}."),
+)
+FINAL = (
+    "The documents hold every fact the question needs{facts}. The answer is {answer}.",
+    "Putting the retrieved evidence together{facts}, the answer is {answer}.",
+)
+MISSED = "The documents for my last query do not contain what I needed, and I cannot go on from them."
+
+
+class EvidenceTeacher(Teacher):
+    """Writes the annotated chain one step at a time; gives up when a step's gold paragraph was not retrieved."""
+
+    name = "evidence"
+
+    def __init__(self, config: TeacherConfig, step_format: str = "r3") -> None:
+        self.config = config
+        self.format = get_format(step_format)
+
+    async def next_step(self, request: TeacherRequest) -> ChatReply:
+        return ChatReply(self.format.render_step(self.format.express(self.plan(request))))
+
+    def plan(self, request: TeacherRequest) -> Step:
+        hops = evidence_hops(request.item)
+        turns = request.turns
+        rng = random.Random(zlib.crc32(f"{self.config.seed}/{request.item.id}/{request.sample}/{len(turns)}".encode()))
+        if turns and hops[len(turns) - 1].gold_id not in {doc.id for doc in turns[-1].documents}:
+            return Step("", answer="unknown", reflection=MISSED)  # rejected: this step's gold was not retrieved
+        if len(turns) == len(hops):
+            facts = "; ".join(hop.fact for hop in hops if hop.fact)
+            answer = request.item.golden_answers[0]
+            final = rng.choice(FINAL).format(facts=f" ({facts})" if facts else "", answer=answer)
+            return Step("", answer=answer, reflection=final)
+        if len(hops) - len(turns) >= request.max_steps - len(turns):  # the chain does not fit the step budget
+            return Step("The chain of evidence is longer than the steps I may take.", answer="unknown")
+        hop = hops[len(turns)]
+        if not turns:
+            return Step(rng.choice(OPENINGS).format(need=hop.need), query=hop.query)
+        reflection, plan = rng.choice(FOUND)
+        return Step(plan.format(need=hop.need), query=hop.query, reflection=reflection)

@@ -1,0 +1,111 @@
+"""The evidence teacher on real records of ../shared/data: each dataset's annotation becomes the steps,
+every query runs through a real BM25 index of the dataset's own paragraphs, and a step that misses its
+gold paragraph gets the trajectory rejected."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+from conftest import run_r3rag, shared_dataset
+
+from r3_env.coldstart.evidence import EvidenceError, evidence_hops
+from r3_env.data import QAItem, iter_jsonl, read_dataset
+from r3_env.protocol import get_format
+from r3_env.records import turns_of
+from r3_env.retrieval.index_builder import IndexBuildConfig, build_index
+
+R3 = get_format("r3")
+
+
+def items_of(name: str) -> list[QAItem]:
+    return read_dataset(shared_dataset(name) / "dev.jsonl")
+
+
+def test_2wiki_hops_are_one_subject_relation_query_per_triple_aimed_at_the_subjects_paragraph():
+    items = items_of("2wikimultihopqa")
+    first = items[0]  # "Where was the place of burial of Charles Mathew's father?"
+    hops = evidence_hops(first)
+    assert [h.query for h in hops] == ["Charles James Mathew father", "Sir James Charles Mathew place of burial"]
+    # "Charles James Mathew" is the paragraph "Charles Mathew", not "James Charles Mathew" (his father)
+    titles = dict(zip(first.metadata["supporting_passage_ids"], first.metadata["supporting_titles"], strict=True))
+    assert [titles[h.gold_id] for h in hops] == ["Charles Mathew", "James Charles Mathew"]
+    for item in items[:60]:
+        hops = evidence_hops(item)
+        triples = item.metadata["evidences"]
+        assert len(hops) <= len(triples) and len({h.gold_id for h in hops}) == len(hops)
+        assert {h.gold_id for h in hops} <= set(item.metadata["supporting_passage_ids"])
+        queries = {f"{s} {r}" for s, r, _ in triples}
+        assert all(h.query in queries for h in hops)
+        if item.metadata["type"] in ("comparison", "bridge_comparison"):  # each compared entity is queried
+            assert len(hops) == len(item.metadata["supporting_passage_ids"])
+
+
+def test_musique_hops_are_the_sub_questions_with_earlier_answers_filled_in():
+    for item in items_of("musique")[:40]:
+        decomposition = item.metadata["question_decomposition"]
+        hops = evidence_hops(item)
+        assert len(hops) == len(decomposition)  # one step per sub-question (each has its own paragraph here)
+        context = item.metadata["context_passage_ids"]
+        for hop, sub in zip(hops, decomposition, strict=True):
+            assert hop.gold_id == context[sub["paragraph_support_idx"]]
+            assert "#" not in hop.query
+            for number in map(int, re.findall(r"#(\d+)", sub["question"])):
+                assert decomposition[number - 1]["answer"] in hop.query
+
+
+def test_hotpotqa_bridge_starts_from_the_question_and_comparison_queries_both_entities():
+    for item in items_of("hotpotqa")[:80]:
+        hops = evidence_hops(item)
+        titles = item.metadata["supporting_titles"]
+        assert len(hops) == len(titles) == 2
+        if item.metadata.get("type") == "comparison":
+            assert [h.query for h in hops] == titles
+        elif item.metadata.get("type") == "bridge":
+            assert hops[0].query == " ".join(item.question.split())  # the question finds the paragraph it names
+            assert hops[1].query in titles  # which names the bridge entity: the other supporting title
+
+
+def test_an_item_without_an_evidence_annotation_is_refused_naming_the_fields():
+    with pytest.raises(EvidenceError, match="question_decomposition.*evidences.*supporting_titles"):
+        evidence_hops(QAItem("q1", "Who?", ["x"], {"supporting_passage_ids": ["1"]}))
+
+
+@pytest.mark.parametrize(("name", "topk"), [("2wikimultihopqa", 5), ("musique", 5), ("hotpotqa", 1)])
+def test_synthesis_keeps_exactly_the_chains_whose_every_step_retrieved_its_gold(name, topk, tmp_path):
+    folder = shared_dataset(name)
+    data = tmp_path / "dev.jsonl"
+    data.write_text("".join(line for _, line in zip(range(40), (folder / "dev.jsonl").open(), strict=False)))
+    index = build_index(IndexBuildConfig(corpus_path=str(folder / "corpus.jsonl"), save_dir=str(tmp_path / "idx")))
+    retriever = tmp_path / "retriever.yaml"
+    retriever.write_text(yaml.safe_dump({"retrieval_method": "bm25", "index_path": str(index)}))
+    out = tmp_path / "cs"
+    args = ["--teacher.kind", "evidence", "--data", str(data), "--retrieval.config", str(retriever)]
+    done = run_r3rag("coldstart", "synth", *args, "--samples", "1", "--env.topk", str(topk), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    items = {item.id: item for item in read_dataset(data)}
+    rows = [row for _, row in iter_jsonl(out / "samples.jsonl")]
+    assert len(rows) == 40
+    kept = {row["question_id"] for _, row in iter_jsonl(out / "trajectories.jsonl")}
+    for row in rows:
+        hops = evidence_hops(items[row["question_id"]])
+        steps = row["steps"]
+        queries = [s["query"] for s in steps if "query" in s]
+        assert queries == [h.query for h in hops][: len(queries)]  # the steps follow the annotation
+        searched = [s for s in steps if "query" in s]
+        hit = [h.gold_id in {d["id"] for d in s["documents"]} for h, s in zip(hops, searched, strict=False)]
+        if row["question_id"] in kept:  # kept: every hop brought back its gold paragraph within top-k
+            assert len(queries) == len(hops) and all(hit) and steps[-1]["answer"] == row["golden_answers"][0]
+            # and the trajectory round-trips through the protocol
+            for turn in turns_of(row, "row"):
+                assert R3.parse_step(R3.render_step(turn.step)) == turn.step
+        else:  # rejected: the first hop whose gold was missed ends it with "unknown"
+            assert not all(hit) and len(queries) == hit.index(False) + 1 and steps[-1]["answer"] == "unknown"
+    (summary,) = json.loads((out / "summary.json").read_text())["datasets"].values()
+    assert summary["trajectories"] == len(kept) > 0
+    if topk == 1:  # top-1 misses some gold paragraphs: those chains are rejected
+        assert len(kept) < 40
+    if "by_type" in summary:
+        assert sum(t["questions"] for t in summary["by_type"].values()) == 40
