@@ -23,16 +23,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import itertools
-import random
 import re
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from r3_env.chat_client import ChatReply
-from r3_env.coldstart.teacher import Teacher, TeacherConfig, TeacherRequest
+from r3_env.coldstart.teacher import PlanningTeacher, TeacherRequest
 from r3_env.data import QAItem
-from r3_env.protocol import Step, get_format
+from r3_env.protocol import Step
 
 
 @dataclass(frozen=True)
@@ -191,22 +188,15 @@ FINAL = (
 MISSED = "The documents for my last query do not contain what I needed, and I cannot go on from them."
 
 
-class EvidenceTeacher(Teacher):
+class EvidenceTeacher(PlanningTeacher):
     """Writes the annotated chain one step at a time; gives up when a step's gold paragraph was not retrieved."""
 
     name = "evidence"
 
-    def __init__(self, config: TeacherConfig, step_format: str = "r3") -> None:
-        self.config = config
-        self.format = get_format(step_format)
-
-    async def next_step(self, request: TeacherRequest) -> ChatReply:
-        return ChatReply(self.format.render_step(self.format.express(self.plan(request))))
-
     def plan(self, request: TeacherRequest) -> Step:
         hops = evidence_hops(request.item)
         turns = request.turns
-        rng = random.Random(zlib.crc32(f"{self.config.seed}/{request.item.id}/{request.sample}/{len(turns)}".encode()))
+        rng = self.rng(request)
         if turns and hops[len(turns) - 1].gold_id not in {doc.id for doc in turns[-1].documents}:
             return Step("", answer="unknown", reflection=MISSED)  # rejected: this step's gold was not retrieved
         if len(turns) == len(hops):

@@ -22,9 +22,8 @@ import random
 import zlib
 from dataclasses import dataclass
 
-from r3_env.chat_client import ChatReply
-from r3_env.coldstart.teacher import Teacher, TeacherConfig, TeacherRequest
-from r3_env.protocol import Step, get_format
+from r3_env.coldstart.teacher import PlanningTeacher, TeacherRequest
+from r3_env.protocol import Step
 
 # How the world's relation names read in a sentence ("the founder of X", not "the founded by of X").
 NOUNS = {
@@ -118,21 +117,13 @@ def decomposition(request: TeacherRequest) -> list[SubQuestion]:
     return subs
 
 
-class ScriptedTeacher(Teacher):
+class ScriptedTeacher(PlanningTeacher):
     name = "scripted"
-
-    def __init__(self, config: TeacherConfig, step_format: str = "r3") -> None:
-        self.config = config
-        self.format = get_format(step_format)
-
-    async def next_step(self, request: TeacherRequest) -> ChatReply:
-        return ChatReply(self.format.render_step(self.format.express(self.plan(request))))
 
     def plan(self, request: TeacherRequest) -> Step:
         subs = decomposition(request)
         turns = request.turns
-        key = f"{self.config.seed}/{request.item.id}/{request.sample}/{len(turns)}"
-        rng = random.Random(zlib.crc32(key.encode()))
+        rng = self.rng(request)
         detour = random.Random(zlib.crc32(f"{self.config.seed}/{request.item.id}/{request.sample}".encode()))
         shown = {doc.id for turn in turns for doc in turn.documents}
         missing = [sub for sub in subs if sub.passage_id not in shown]

@@ -10,6 +10,8 @@ world's gold decompositions, so the embedded default has cold-start data without
 
 from __future__ import annotations
 
+import random
+import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,7 +19,7 @@ from typing import Literal
 
 from r3_env.chat_client import ChatEndpointError, ChatReply, OpenAIChat
 from r3_env.data import QAItem
-from r3_env.protocol import Turn
+from r3_env.protocol import Step, Turn, get_format
 
 
 class TeacherError(RuntimeError):
@@ -83,6 +85,26 @@ class Teacher(ABC):
 
     async def aclose(self) -> None:  # noqa: B027 - most teachers hold nothing
         pass
+
+
+class PlanningTeacher(Teacher):
+    """A teacher that decides each step itself (no model), written in the episode's step format."""
+
+    def __init__(self, config: TeacherConfig, step_format: str = "r3") -> None:
+        self.config = config
+        self.format = get_format(step_format)
+
+    async def next_step(self, request: TeacherRequest) -> ChatReply:
+        return ChatReply(self.format.render_step(self.format.express(self.plan(request))))
+
+    def rng(self, request: TeacherRequest) -> random.Random:
+        """The wording choices of this question, sample and step (reruns write the same trajectory)."""
+        key = f"{self.config.seed}/{request.item.id}/{request.sample}/{len(request.turns)}"
+        return random.Random(zlib.crc32(key.encode()))
+
+    @abstractmethod
+    def plan(self, request: TeacherRequest) -> Step:
+        """The next step."""
 
 
 class OpenAITeacher(Teacher):
