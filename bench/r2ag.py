@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import logging
 import os
@@ -259,36 +258,26 @@ def policy_steerer(
     prompt (:class:`r3_env.hf_engine.HFEngine`'s ``script``: every forward pass still runs), so the tree
     has the oracle's shape and real generation costs.
     """
-    from r3_env.hf_engine import HFEngine, SamplingParams
-    from r3_env.protocol import ChatRenderer
-    from r3_env.train.models import load_actor, load_tokenizer, pick_device
+    from r3_env.train.progressive import load_steering
     from r3_env.tree import token_steerer
 
-    rollout = settings.rollout
-    tokenizer = load_tokenizer(policy)
-    model = load_actor(policy, dataclasses.replace(settings.model, lora_rank=0), pick_device(settings.run.device))
     targets: dict[tuple[int, ...], list[int]] = {}
     script = (lambda prompt: targets.get(tuple(prompt))) if forced is not None else None
-    engine = HFEngine(model.model.eval(), tokenizer, max_batch=batch, script=script)
-    step_format = get_format(rollout.policy.step_format, **rollout.policy.format_options)
-    renderer = ChatRenderer(tokenizer, step_format, rollout.policy.chat_template, doc_chars=rollout.env.doc_chars)
-    params = SamplingParams(temperature=0.0, seed=settings.run.seed)
+    steering = load_steering(settings, policy, batch, script=script)
     if forced is None:
-        return (
-            token_steerer(renderer, engine, params, rollout.env.step_budget, settings.ppo.max_len),
-            engine,
-            step_format,
-        )
-    inner = token_steerer(renderer, engine, params, 1024, model.model.config.max_position_embeddings)
-    oracle = oracle_steerer(forced, step_format, hops_per_step=hops)
+        return steering.steer, steering.engine, steering.step_format
+    limit = steering.model.model.config.max_position_embeddings
+    inner = token_steerer(steering.renderer, steering.engine, steering.params, 1024, limit)
+    oracle = oracle_steerer(forced, steering.step_format, hops_per_step=hops)
+    tokenizer = steering.tokenizer
 
     async def steer(question: str, context: Sequence[Passage]) -> str:
         text = await oracle(question, context)
-        prompt = tokenizer(renderer.prompt(question, context), add_special_tokens=False)["input_ids"]
+        prompt = tokenizer(steering.renderer.prompt(question, context), add_special_tokens=False)["input_ids"]
         targets[tuple(prompt)] = tokenizer(text, add_special_tokens=False)["input_ids"]
         return await inner(question, context)
 
-    return steer, engine, step_format
+    return steer, steering.engine, steering.step_format
 
 
 def train_settings(

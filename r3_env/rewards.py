@@ -388,11 +388,6 @@ def _gold_hit(**options) -> RewardScheme:
     )
 
 
-register_scheme("r3", _r3)
-register_scheme("outcome", _outcome)
-register_scheme("lws", _lws)
-
-
 def _top_survivor(**options) -> RewardScheme:
     config = TopSurvivorConfig(**options)
     return RewardScheme(
@@ -405,5 +400,8 @@ def _top_survivor(**options) -> RewardScheme:
     )
 
 
+register_scheme("r3", _r3)
+register_scheme("outcome", _outcome)
+register_scheme("lws", _lws)
 register_scheme("gold_hit", _gold_hit)
 register_scheme("top_survivor", _top_survivor)

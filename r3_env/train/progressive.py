@@ -31,11 +31,11 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from r3_env.config import ConfigError, add_config_command, configs_from_args
 from r3_env.data import JsonlWriter, QAItem, existing_ids, iter_jsonl, read_dataset, read_label, write_dataset
-from r3_env.tree import Tree, TreeConfig, gold_documents
+from r3_env.tree import Steer, Tree, TreeConfig, gold_documents
 
 if TYPE_CHECKING:  # torch loads with the trainer, not with the CLI
     from r3_env.train.local import LocalTrainConfig
@@ -229,21 +229,13 @@ class ProgressiveTrainer:
         return trees
 
     async def _expand(self, path: Path, items: list[QAItem], policy: str) -> None:
-        from r3_env.hf_engine import HFEngine, SamplingParams
-        from r3_env.protocol import ChatRenderer, get_format
         from r3_env.retrieval.client import AsyncRetrievalClient
-        from r3_env.train.models import load_actor, load_tokenizer, pick_device
-        from r3_env.tree import expand_tree, token_steerer
+        from r3_env.tree import expand_tree
 
         settings = self.settings
         rollout, services = settings.rollout, settings.rollout.services
-        tokenizer = load_tokenizer(policy)
-        model = load_actor(policy, dataclasses.replace(settings.model, lora_rank=0), pick_device(settings.run.device))
-        engine = HFEngine(model.model.eval(), tokenizer, max_batch=self.config.expand_batch)
-        step_format = get_format(rollout.policy.step_format, **rollout.policy.format_options)
-        renderer = ChatRenderer(tokenizer, step_format, rollout.policy.chat_template, doc_chars=rollout.env.doc_chars)
-        params = SamplingParams(temperature=self.config.expand_temperature, seed=settings.run.seed)
-        steer = token_steerer(renderer, engine, params, rollout.env.step_budget, settings.ppo.max_len)
+        steering = load_steering(settings, policy, self.config.expand_batch, self.config.expand_temperature)
+        steer, step_format = steering.steer, steering.step_format
         options = settings.rollout.reward.options
         tree_config = TreeConfig(
             topk=rollout.env.topk,
@@ -279,6 +271,40 @@ class ProgressiveTrainer:
                     logger.info("expanded %d/%d prompts (%.2f/s)", written, len(items), rate)
         finally:
             await client.aclose()
+
+
+@dataclass
+class Steering:
+    """A policy loaded to steer trees: its engine (HF generate), renderer and format, and the steer itself."""
+
+    tokenizer: Any
+    model: Any
+    engine: Any
+    renderer: Any
+    step_format: Any
+    params: Any
+    steer: Steer
+
+
+def load_steering(
+    settings: LocalTrainConfig, policy: str, batch: int, temperature: float = 0.0, script: Any = None
+) -> Steering:
+    """``policy`` steering as the agent config (``settings.rollout``) renders its steps; ``script``: HFEngine's
+    constrained decoding (benchmarks force known steps through the real model)."""
+    from r3_env.hf_engine import HFEngine, SamplingParams
+    from r3_env.protocol import ChatRenderer, get_format
+    from r3_env.train.models import load_actor, load_tokenizer, pick_device
+    from r3_env.tree import token_steerer
+
+    rollout = settings.rollout
+    tokenizer = load_tokenizer(policy)
+    model = load_actor(policy, dataclasses.replace(settings.model, lora_rank=0), pick_device(settings.run.device))
+    engine = HFEngine(model.model.eval(), tokenizer, max_batch=batch, script=script)
+    step_format = get_format(rollout.policy.step_format, **rollout.policy.format_options)
+    renderer = ChatRenderer(tokenizer, step_format, rollout.policy.chat_template, doc_chars=rollout.env.doc_chars)
+    params = SamplingParams(temperature=temperature, seed=settings.run.seed)
+    steer = token_steerer(renderer, engine, params, rollout.env.step_budget, settings.ppo.max_len)
+    return Steering(tokenizer, model, engine, renderer, step_format, params, steer)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
