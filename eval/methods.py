@@ -27,7 +27,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from eval.engines import Engine
-from eval.metrics import retrieval_metrics
 from r3_env.answers import clean_answer
 from r3_env.data import Passage, QAItem, read_label
 from r3_env.env import EnvConfig, RetrievalEnv
@@ -35,6 +34,7 @@ from r3_env.protocol import FormatError, FormatReason, StepFormat, get_format
 from r3_env.protocol.chat import opening_messages
 from r3_env.records import episode_fields, play
 from r3_env.retrieval.base import Hit
+from r3_env.retrieval.metrics import retrieval_quality
 from r3_env.tree import Tree, TreeConfig, expand_tree, tree_metrics
 
 Search = Callable[[str, int], Awaitable[list[Hit]]]
@@ -177,7 +177,7 @@ class SingleShot(Method):
         elapsed = time.perf_counter() - started
         ranked = list(dict.fromkeys(p.id for p in documents))
         retrieval = {
-            **retrieval_metrics(ranked, read_label(item.to_json()).gold_ids),
+            **retrieval_quality(ranked, read_label(item.to_json()).gold_ids),
             "num_docs": float(len(ranked)),
             "iterations": 1.0,
             "generation_s": 0.0,

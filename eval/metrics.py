@@ -27,7 +27,6 @@ from typing import Any
 
 from r3_env.answers import exact_match, f1_score, sub_exact_match
 from r3_env.retrieval.metrics import retrieval_metrics as ranked_list_metrics
-from r3_env.tree import NO_GOLD
 
 ANSWER_METRICS = ("em", "f1", "sub_em")
 RETRIEVAL_METRICS = ("recall", "full_recall", "map")
@@ -60,11 +59,6 @@ def retrieval_scores(ranked: Sequence[str], gold_ids: Sequence[str]) -> dict[str
     if scores is not None:
         scores["ap"] = scores.pop("average_precision")
     return scores
-
-
-def retrieval_metrics(retrieved_ids: Sequence[str], gold_ids: Sequence[str]) -> dict[str, float]:
-    """Recall, Full-Recall and AP of one ranked list under :func:`r3_env.tree.tree_metrics`'s names (0 without gold)."""
-    return ranked_list_metrics(retrieved_ids, gold_ids) or dict.fromkeys(NO_GOLD, 0.0)
 
 
 def answered_within(row: dict[str, Any], cutoff: int) -> bool:

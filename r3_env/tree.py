@@ -29,7 +29,7 @@ from typing import Any
 from r3_env.data import Passage
 from r3_env.protocol import FormatError, StepFormat
 from r3_env.retrieval.base import Hit
-from r3_env.retrieval.metrics import retrieval_metrics
+from r3_env.retrieval.metrics import retrieval_quality
 
 logger = logging.getLogger(__name__)
 
@@ -250,17 +250,11 @@ def gold_documents(tree: Tree) -> list[Passage]:
     return list(found.values())
 
 
-NO_GOLD = ("recall", "full_recall", "average_precision")  # what tree_metrics gives a question without gold
-
-
 def tree_metrics(tree: Tree) -> dict[str, float]:
     """Recall, Full-Recall, AP over the retrieval order, documents retrieved (@K), iterations, seconds."""
     retrieved = [p.id for p in tree.retrieved()]
-    quality = retrieval_metrics(retrieved, tree.gold_ids) or dict.fromkeys(
-        ("recall", "full_recall", "average_precision"), 0.0
-    )
     return {
-        **quality,
+        **retrieval_quality(retrieved, tree.gold_ids),
         "num_docs": float(len(retrieved)),
         "iterations": float(tree.iterations),
         "generation_s": tree.generation_s,

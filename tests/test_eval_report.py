@@ -526,7 +526,7 @@ SHOT_DOCS = {"h1": ["h1-g0", "d"], "h2": ["d", "h2-g1"], "h3": ["h3-g0", "d"]}  
 
 
 def retrieval_row(method: str, question: tuple, retrievals, iterations, outcome, retrieval_s, generation_s) -> dict:
-    from eval.metrics import retrieval_metrics
+    from r3_env.retrieval.metrics import retrieval_quality
 
     qid, text, golden, gold = question
     steps = [
@@ -543,7 +543,7 @@ def retrieval_row(method: str, question: tuple, retrievals, iterations, outcome,
     if answer is not None:
         steps.append({"analysis": "From the documents.", "answer": answer})
     retrieval = {
-        **retrieval_metrics(ranked, gold),
+        **retrieval_quality(ranked, gold),
         "num_docs": float(len(ranked)),
         "iterations": float(iterations),
         "generation_s": generation_s,

@@ -17,7 +17,6 @@ import pytest
 from conftest import ServiceProcess, answer_step, run_r3rag, scripted_engine
 
 from eval.engines import EngineConfig, GenerationConfig
-from eval.metrics import retrieval_metrics
 from eval.report import write_report
 from eval.run import EvalRunConfig, run_eval
 from eval.score import ScoreConfig, score_run
@@ -27,6 +26,7 @@ from r3_env.protocol import Step, get_format
 from r3_env.retrieval import load_retriever
 from r3_env.retrieval.client import AsyncRetrievalClient
 from r3_env.retrieval.config import RetrieverConfig
+from r3_env.retrieval.metrics import retrieval_quality
 from r3_env.runs import JudgeConfig, RetrievalSource
 from r3_env.tree import Tree, tree_metrics
 
@@ -288,7 +288,7 @@ def test_rrt_run_scores_and_reports_beside_single_shot(setting, eval_world, eval
         row = shot_rows[item.question]
         ranked = [hit.passage.id for hit in retriever.search([item.question], k)[0]]
         assert [d["id"] for d in row["steps"][0]["documents"]] == ranked and row["answer"] is None
-        metrics = retrieval_metrics(ranked, item.metadata["supporting_passage_ids"])
+        metrics = retrieval_quality(ranked, item.metadata["supporting_passage_ids"])
         assert {key: row["retrieval"][key] for key in metrics} == pytest.approx(metrics)
         expected_shot[item.question] = metrics
 

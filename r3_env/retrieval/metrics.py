@@ -19,6 +19,14 @@ def average_precision(hits: Sequence[bool], gold_total: int) -> float:
     return total / gold_total if gold_total else 0.0
 
 
+QUALITY_KEYS = ("recall", "full_recall", "average_precision")
+
+
+def retrieval_quality(retrieved_ids: Sequence[str], gold_ids: Sequence[str]) -> dict[str, float]:
+    """:func:`retrieval_metrics`, with zeros for a question without gold (tables that count every question)."""
+    return retrieval_metrics(retrieved_ids, gold_ids) or dict.fromkeys(QUALITY_KEYS, 0.0)
+
+
 def retrieval_metrics(retrieved_ids: Sequence[str], gold_ids: Sequence[str]) -> dict[str, float] | None:
     """Recall, Full-Recall and AP of ``retrieved_ids`` in rank order (None when there is no gold passage)."""
     gold = set(map(str, gold_ids))
