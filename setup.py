@@ -38,7 +38,9 @@ CPU = [
     "datasets==5.2.0",
     "peft==0.21.2",
     "deepspeed==0.19.6",
-    "ray[default]==2.55.0",
+    "ray[default,serve]==2.55.0",
+    # Ray Serve 2.55 reads protobuf's FieldDescriptor.label, which protobuf 7 removed.
+    "protobuf>=5,<7",
     "faiss-cpu==1.15.1",
     "bm25s==0.3.16",
     "PyStemmer==3.1.0",
@@ -73,6 +75,8 @@ CPU = [
 # The cluster set. Install a CUDA build of torch first (see OpenRLHF's docs).
 GPU = [
     "openrlhf[vllm]==0.11.2",
+    "ray[default,serve]==2.55.0",
+    "protobuf>=5,<7",
     "deepspeed==0.19.6",
     "flash-attn==2.8.3",
     "faiss-gpu==1.15.1",

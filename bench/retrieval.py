@@ -5,7 +5,9 @@
 On the shared HotpotQA sample (when ../shared/data is present) and a synthetic world, it builds
 BM25 and MiniLM indexes (cached in --work; the 200k-passage MiniLM encode takes about half an
 hour on 2 cores, once), starts the real services (cache off, so every query is computed), and
-prints one table per dataset. All figures of a table come from one run; compare them as ratios.
+prints one table per dataset, with rows for `r3rag retriever serve --ray` at 1 and 2 Ray Serve
+replicas (each a local Ray cluster of its own). All figures of a table come from one run; compare
+them as ratios.
 """
 
 from __future__ import annotations
@@ -114,6 +116,42 @@ def in_process_qps(config: RetrieverConfig, queries: list[str]) -> tuple[float, 
         return len(queries) / (time.perf_counter() - started), ranked
 
 
+async def concurrent(
+    url: str, queries: list[str], path: str, body, clients: int = 32, per_request: int = 1
+) -> tuple[float, list[float]]:
+    """Load from ``clients`` concurrent clients (aiohttp: a Python client that itself keeps up)."""
+    latencies: list[float] = []
+    queue = [queries[i : i + per_request] for i in range(0, len(queries), per_request)]
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        while queue:
+            query = queue.pop()
+            begin = time.perf_counter()
+            async with session.post(url + path, json=body(query)) as response:
+                await response.read()
+                response.raise_for_status()
+            latencies.append(time.perf_counter() - begin)
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as session:
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(session) for _ in range(clients)))
+        return len(queries) / (time.perf_counter() - started), latencies
+
+
+def load_figures(url: str, queries: list[str]) -> dict[str, float]:
+    """Throughput under concurrent load: 4 clients of 64-query batches, 32 clients of single queries."""
+    figures: dict[str, float] = {}
+    figures["retrieve_batch64_4_clients_qps"], _ = asyncio.run(
+        concurrent(url, queries, "/retrieve", lambda q: {"queries": q, "topk": 5}, clients=4, per_request=BATCH)
+    )
+    qps, latencies = asyncio.run(concurrent(url, queries, "/retrieve", lambda q: {"queries": q, "topk": 5}))
+    latencies.sort()
+    figures["retrieve_32_clients_qps"] = qps
+    figures["p50_ms"] = 1000 * latencies[len(latencies) // 2]
+    figures["p99_ms"] = 1000 * latencies[int(len(latencies) * 0.99)]
+    return figures
+
+
 def service_figures(url: str, queries: list[str], single_limit: int) -> dict[str, float]:
     figures: dict[str, float] = {}
     with httpx.Client(timeout=120) as http:
@@ -128,47 +166,33 @@ def service_figures(url: str, queries: list[str], single_limit: int) -> dict[str
             http.post(url + "/search", json={"query": query}).raise_for_status()
         figures["search_single_qps"] = len(singles) / (time.perf_counter() - started)
 
-    async def concurrent(path: str, body, clients: int = 32, per_request: int = 1) -> tuple[float, list[float]]:
-        """Load from ``clients`` concurrent clients (aiohttp: a Python client that itself keeps up)."""
-        latencies: list[float] = []
-        queue = [queries[i : i + per_request] for i in range(0, len(queries), per_request)]
-
-        async def worker(session: aiohttp.ClientSession) -> None:
-            while queue:
-                query = queue.pop()
-                begin = time.perf_counter()
-                async with session.post(url + path, json=body(query)) as response:
-                    await response.read()
-                    response.raise_for_status()
-                latencies.append(time.perf_counter() - begin)
-
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as session:
-            started = time.perf_counter()
-            await asyncio.gather(*(worker(session) for _ in range(clients)))
-            return len(queries) / (time.perf_counter() - started), latencies
-
-    figures["retrieve_batch64_4_clients_qps"], _ = asyncio.run(
-        concurrent("/retrieve", lambda q: {"queries": q, "topk": 5}, clients=4, per_request=BATCH)
-    )
-    qps, latencies = asyncio.run(concurrent("/retrieve", lambda q: {"queries": q, "topk": 5}))
-    latencies.sort()
-    figures["retrieve_32_clients_qps"] = qps
-    figures["p50_ms"] = 1000 * latencies[len(latencies) // 2]
-    figures["p99_ms"] = 1000 * latencies[int(len(latencies) * 0.99)]
+    figures.update(load_figures(url, queries))
     return figures
 
 
-def serve(config: RetrieverConfig, work: Path, name: str) -> ServiceProcess:
+def serve(config: RetrieverConfig, work: Path, name: str, replicas: int = 0) -> ServiceProcess:
+    """The service as a process; with ``replicas``, on Ray Serve (a local Ray cluster of its own)."""
     import yaml
 
     values = {k: v for k, v in config.__dict__.items() if v not in ("", None)}
     values["service"] = {"cache_size": 0, "max_queries_per_request": 4096}
     path = work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(values))
-    return ServiceProcess(["retriever", "serve", "--config", str(path)], timeout=600)
+    ray = ["--ray", "--ray.replicas", str(replicas), "--ray.replica_num_cpus", "0.5"] if replicas else []
+    return ServiceProcess(["retriever", "serve", "--config", str(path), *ray], timeout=600)
 
 
-def bench(label: str, corpus: Path, items, work: Path, single_limit: int) -> dict:
+def serve_figures(config: RetrieverConfig, work: Path, name: str, queries: list[str], replicas: list[int]) -> dict:
+    """Throughput of ``r3rag retriever serve --ray`` with each number of replicas."""
+    figures = {}
+    for count in replicas:
+        with serve(config, work, f"{name}-serve{count}", replicas=count) as service:
+            load_figures(service.url, queries[:BATCH])  # warm up every replica
+            figures[count] = load_figures(service.url, queries)
+    return figures
+
+
+def bench(label: str, corpus: Path, items, work: Path, single_limit: int, replicas: list[int]) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     configs = build(corpus, work)
     queries = [item.question for item in items]
@@ -179,10 +203,12 @@ def bench(label: str, corpus: Path, items, work: Path, single_limit: int) -> dic
     result["bm25"] = {"flashrag_in_process_qps": fr_qps, "r3rag_in_process_qps": ours_qps}
     with serve(configs["bm25"], work, "bm25") as service:
         result["bm25"].update(service_figures(service.url, queries, single_limit))
+    result["bm25"]["serve"] = serve_figures(configs["bm25"], work, "bm25", queries, replicas)
     dense_qps, _ = in_process_qps(configs["minilm"], queries)
     result["minilm"] = {"r3rag_in_process_qps": dense_qps}
     with serve(configs["minilm"], work, "minilm") as service:
         result["minilm"].update(service_figures(service.url, queries, single_limit))
+    result["minilm"]["serve"] = serve_figures(configs["minilm"], work, "minilm", queries, replicas)
     return result
 
 
@@ -212,6 +238,15 @@ def show(result: dict) -> None:
             f"{f['retrieve_batch64_qps'] / f['search_single_qps']:.1f}x; 32 concurrent one-query /retrieve "
             f"clients {f['retrieve_32_clients_qps']:.0f} q/s, p50 {f['p50_ms']:.1f} ms, p99 {f['p99_ms']:.1f} ms"
         )
+        for count, serve in f["serve"].items():
+            print(
+                f"   Ray Serve, {count} replica{'s' if count > 1 else ''}: batch 64 from 4 clients "
+                f"{serve['retrieve_batch64_4_clients_qps']:.0f} q/s "
+                f"({serve['retrieve_batch64_4_clients_qps'] / four:.2f}x the plain service); 32 one-query clients "
+                f"{serve['retrieve_32_clients_qps']:.0f} q/s "
+                f"({serve['retrieve_32_clients_qps'] / f['retrieve_32_clients_qps']:.2f}x), p50 "
+                f"{serve['p50_ms']:.1f} ms, p99 {serve['p99_ms']:.1f} ms"
+            )
 
 
 def main() -> None:
@@ -221,7 +256,9 @@ def main() -> None:
     parser.add_argument("--world-questions", type=int, default=2000)
     parser.add_argument("--single-limit", type=int, default=400, help="queries sent one per /search call")
     parser.add_argument("--work", default=str(ROOT / "runs" / "bench_retrieval"))
+    parser.add_argument("--serve-replicas", default="1,2", help="Ray Serve replica counts to measure (empty: none)")
     args = parser.parse_args()
+    replicas = [int(count) for count in args.serve_replicas.split(",") if count]
     work = Path(args.work)
     results = []
     hotpot = SHARED_DATA / "hotpotqa"
@@ -233,6 +270,7 @@ def main() -> None:
                 read_dataset(hotpot / "dev.jsonl"),
                 work / "hotpotqa",
                 args.single_limit,
+                replicas,
             )
         )
     else:
@@ -248,6 +286,7 @@ def main() -> None:
             read_dataset(world_dir / "dev.jsonl"),
             work / f"world{args.world_entities}-idx",
             args.single_limit,
+            replicas,
         )
     )
     for result in results:

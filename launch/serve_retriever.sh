@@ -8,6 +8,8 @@
 #   HOST       bind address [the config's, else 127.0.0.1; trainer nodes on other hosts need 0.0.0.0]
 #   PORT       port [the config's, else 8000]
 #   FAISS_GPU  auto|true|false [auto: put the faiss index on the GPUs when faiss sees any]
+#   REPLICAS   serve through Ray Serve with this many replicas, on the Ray cluster of $RAY_ADDRESS
+#              (launch/cluster/ray_head.sh) or a local one [unset: one process, no Ray]
 #   R3RAG      the r3rag command [r3rag]
 #   R3RAG_RETRIEVER_API_KEY  bearer token clients must send (read from the environment, never the command line)
 set -euo pipefail
@@ -29,6 +31,10 @@ cmd=("$R3RAG" retriever serve --config "$CONFIG")
 if [[ -n "${HOST:-}" ]]; then cmd+=(--service.host "$HOST"); fi
 if [[ -n "${PORT:-}" ]]; then cmd+=(--service.port "$PORT"); fi
 if [[ "$FAISS_GPU" == "true" ]]; then cmd+=(--faiss_gpu); elif [[ "$FAISS_GPU" == "false" ]]; then cmd+=(--no-faiss_gpu); fi
+if [[ -n "${REPLICAS:-}" ]]; then
+    require_int 1 REPLICAS
+    cmd+=(--ray --ray.replicas "$REPLICAS")
+fi
 cmd+=("${extra[@]}")
 
 warn_if_exposed "${HOST:-}" R3RAG_RETRIEVER_API_KEY

@@ -664,7 +664,7 @@ def test_official_r3rag_retriever_config_loads(built, tmp_path):
     }
     path = tmp_path / "official.yaml"
     path.write_text(yaml.safe_dump(official))
-    retriever, _ = load_serve_configs(build_parser().parse_args(["retriever", "serve", "--config", str(path)]))
+    retriever, *_ = load_serve_configs(build_parser().parse_args(["retriever", "serve", "--config", str(path)]))
     assert (retriever.retrieval_method, retriever.faiss_gpu, retriever.retrieval_batch_size) == ("e5", True, 32)
     too_big = build_parser().parse_args(["retriever", "serve", "--index_path", "x", "--retrieval_topk", "300"])
     with pytest.raises(ValueError, match="retrieval_topk=300 exceeds service.max_topk=200"):

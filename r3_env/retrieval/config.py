@@ -58,7 +58,8 @@ class RetrieverConfig:
     ``retrieval_method``: "bm25", "hybrid" (BM25 and dense fused by reciprocal rank), or the
     name of a dense encoder ("e5", "bge", "minilm", ...; the name picks E5/BGE instructions).
     ``index_path``: the bm25s index folder for BM25, the faiss index file for dense (and for
-    hybrid, whose BM25 side is ``bm25_index_path``).
+    hybrid, whose BM25 side is ``bm25_index_path``), or a sharded index's manifest
+    (``*.shards.json``, from ``r3rag index shard``), whose shards Ray actors hold.
     """
 
     retrieval_method: str = field(default="bm25", metadata={"help": "bm25, hybrid, or a dense encoder name"})
@@ -76,6 +77,9 @@ class RetrieverConfig:
     )
     faiss_gpu: bool = field(default=False, metadata={"help": "put the faiss index on the GPUs"})
     faiss_nprobe: int = field(default=32, metadata={"help": "IVF indexes: clusters searched per query"})
+    shard_num_cpus: float = field(
+        default=1.0, metadata={"help": "sharded index (index_path *.shards.json): CPUs each shard's Ray actor reserves"}
+    )
     device: str = field(default="auto", metadata={"help": "encoder device: auto, cpu, cuda"})
     bm25_backend: str = field(default="bm25s", metadata={"help": "bm25s, or pyserini (needs Java 21+)"})
     bm25_index_path: str = field(default="", metadata={"help": "hybrid: the BM25 side's index folder"})
@@ -99,6 +103,8 @@ class RetrieverConfig:
             raise ValueError(
                 f"retrieval_pooling_method must be mean, cls or pooler, got {self.retrieval_pooling_method!r}"
             )
+        if self.shard_num_cpus < 0:
+            raise ValueError(f"shard_num_cpus must be 0 or more, got {self.shard_num_cpus}")
         if self.bm25_backend not in ("bm25s", "pyserini"):
             raise ValueError(f"bm25_backend must be bm25s or pyserini, got {self.bm25_backend!r}")
         for name in (

@@ -27,6 +27,7 @@ from r3_env.retrieval.bm25 import IndexFormatError
 from r3_env.retrieval.config import RetrieverConfig, instruction_prefix
 from r3_env.retrieval.docstore import DocStore, corpus_fingerprint
 from r3_env.retrieval.encoder import Encoder
+from r3_env.retrieval.shards import ShardedIndex, is_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -221,7 +222,14 @@ class DenseRetriever(Retriever):
                 f"--retrieval_method {config.encoder_name} ...`"
             )
         self.config = config
-        self.index = faiss.read_index(str(path))
+        if is_manifest(path):
+            self.index = ShardedIndex(path, config.faiss_nprobe, config.faiss_gpu, config.shard_num_cpus)
+        else:
+            self.index = faiss.read_index(str(path))
+            if hasattr(self.index, "nprobe"):
+                self.index.nprobe = config.faiss_nprobe
+            if config.faiss_gpu:
+                self.index = faiss.index_cpu_to_all_gpus(self.index)
         self.docs = DocStore(config.corpus_path, cache_dir=path.parent)
         if self.index.ntotal != len(self.docs):
             raise IndexFormatError(
@@ -231,10 +239,6 @@ class DenseRetriever(Retriever):
         meta_path = path.with_name(path.name + ".json")
         if meta_path.is_file():
             self._check_meta(json.loads(meta_path.read_text()))
-        if hasattr(self.index, "nprobe"):
-            self.index.nprobe = config.faiss_nprobe
-        if config.faiss_gpu:
-            self.index = faiss.index_cpu_to_all_gpus(self.index)
         self.encoder = Encoder(
             config.retrieval_model_path,
             config.retrieval_pooling_method,
@@ -276,3 +280,5 @@ class DenseRetriever(Retriever):
 
     def close(self) -> None:
         self.docs.close()
+        if isinstance(self.index, ShardedIndex):
+            self.index.close()

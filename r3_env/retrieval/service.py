@@ -19,11 +19,11 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from fastapi import Depends, FastAPI, HTTPException, Response
@@ -105,12 +105,34 @@ class Metrics:
         self.documents = Gauge("r3rag_retrieval_documents", "documents in the index", registry=self.registry)
 
 
+class HitCache:
+    """An LRU map from (query, k) to hits; size 0 keeps nothing."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._entries: OrderedDict[tuple[str, int], list[Hit]] = OrderedDict()
+
+    def get(self, key: tuple[str, int]) -> list[Hit] | None:
+        hits = self._entries.get(key)
+        if hits is not None:
+            self._entries.move_to_end(key)
+        return hits
+
+    def put(self, key: tuple[str, int], hits: list[Hit]) -> None:
+        if self.size == 0:
+            return
+        self._entries[key] = hits
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+
+
 class BatchingSearcher:
     """Coalesces concurrent searches into batched retriever calls, with an LRU cache in front."""
 
     def __init__(self, retriever: Retriever, config: ServiceConfig, metrics: Metrics) -> None:
         self.retriever, self.config, self.metrics = retriever, config, metrics
-        self._cache: OrderedDict[tuple[str, int], list[Hit]] = OrderedDict()
+        self.cache = HitCache(config.cache_size)
         self._pending: dict[tuple[str, int], asyncio.Future] = {}
         self._queue: asyncio.Queue[tuple[str, int]] | None = None
         self._worker: asyncio.Task | None = None
@@ -141,9 +163,8 @@ class BatchingSearcher:
         loop = asyncio.get_running_loop()
         for query in queries:
             key = (query, k)
-            cached = self._cache.get(key)
+            cached = self.cache.get(key)
             if cached is not None:
-                self._cache.move_to_end(key)
                 self.metrics.cache_hits.inc()
                 futures.append(cached)
                 continue
@@ -196,7 +217,7 @@ class BatchingSearcher:
         for index, query in enumerate(queries):
             future = self._pending.pop((query, k), None)
             if results is not None:
-                self._remember((query, k), results[index])
+                self.cache.put((query, k), results[index])
             if future is None or future.done():
                 continue
             if error is not None:
@@ -204,26 +225,36 @@ class BatchingSearcher:
             else:
                 future.set_result(results[index])
 
-    def _remember(self, key: tuple[str, int], hits: list[Hit]) -> None:
-        if self.config.cache_size == 0:
-            return
-        self._cache[key] = hits
-        self._cache.move_to_end(key)
-        while len(self._cache) > self.config.cache_size:
-            self._cache.popitem(last=False)
-
 
 def _json(payload: Any) -> Response:
     """Serialise plain JSON data directly with orjson (FastAPI's generic encoder costs milliseconds per answer)."""
     return Response(orjson.dumps(payload), media_type="application/json")
 
 
+class Searcher(Protocol):
+    """What the app searches through: started and stopped with it, answering (queries, k) batches."""
+
+    def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]: ...
+
+
 def create_app(
-    retriever: Retriever, default_topk: int, config: ServiceConfig, describe: dict[str, Any] | None = None
+    retriever: Retriever,
+    default_topk: int,
+    config: ServiceConfig,
+    describe: dict[str, Any] | None = None,
+    searcher_factory: Callable[[Retriever, ServiceConfig, Metrics], Searcher] = BatchingSearcher,
 ) -> FastAPI:
-    """The service app over ``retriever``; ``describe`` is echoed by /health."""
+    """The service app over ``retriever``; ``describe`` is echoed by /health.
+
+    ``searcher_factory`` decides how concurrent queries are batched: in this process by default,
+    through Ray Serve's ``@serve.batch`` in a Serve replica (``r3_env.retrieval.ray_serve``).
+    """
     metrics = Metrics()
-    searcher = BatchingSearcher(retriever, config, metrics)
+    searcher = searcher_factory(retriever, config, metrics)
     started = time.time()
     if hasattr(retriever, "__len__"):
         metrics.documents.set(len(retriever))  # type: ignore[arg-type]
