@@ -49,3 +49,16 @@ require_number() {
         fi
     done
 }
+
+# count_gpus: the GPUs nvidia-smi lists on this node (0 without it).
+count_gpus() {
+    if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true; else echo 0; fi
+}
+
+# require_ray COMMAND: exit 2 unless the ray command runs here.
+require_ray() {
+    if ! command -v "$1" >/dev/null 2>&1; then
+        echo "$1 is not installed here: pip install 'ray[default]==2.55.0' (or use docker/Dockerfile.gpu)" >&2
+        exit 2
+    fi
+}

@@ -30,9 +30,19 @@
 #                     episode totals) or scalar (one reward per episode) [step for ppo, else scalar]
 #   ROLLOUT_BATCH     prompts per rollout and per training batch [64]
 #   START_STEP        training step a resumed run starts at (the clock of schemes that change with it, lws) [0]
-#   NODES, GPUS_PER_NODE        GPU layout of actor/critic/ref, colocated with vLLM [1, 8]
-#   VLLM_ENGINES, VLLM_TP       vLLM rollout engines and their tensor parallelism [NODES*GPUS_PER_NODE, 1]
-#   VLLM_GPU_MEMORY             vLLM's share of each GPU when colocated [0.5]
+#   NODES, GPUS_PER_NODE        the Ray cluster's nodes and GPUs per node [1, 8]
+#   COLOCATE          all: actor, ref, critic and vLLM share the same GPUs (sleeping in turn);
+#                     actor_ref: actor and ref share theirs, critic and vLLM get their own;
+#                     none: every model on its own GPUs [all]
+#   ACTOR_NODES, ACTOR_GPUS_PER_NODE    the actor's GPUs (the ref's too) [NODES, GPUS_PER_NODE]
+#   CRITIC_NODES, CRITIC_GPUS_PER_NODE  the critic's (ALGO=ppo) [the actor's]
+#   VLLM_ENGINES, VLLM_TP       vLLM rollout engines and their tensor parallelism (within a node)
+#                               [ACTOR_NODES*ACTOR_GPUS_PER_NODE/VLLM_TP, 1]
+#   VLLM_GPU_MEMORY             vLLM's share of each of its GPUs [0.5 with COLOCATE=all, else 0.9]
+#   The layout is checked before anything runs: the models' GPUs must fit NODES x GPUS_PER_NODE, and
+#   with COLOCATE=all the vLLM engines must cover exactly the actor's GPUs (OpenRLHF's own rule).
+#   SUBMIT_TO         a Ray dashboard address (http://HEAD:8265): check here, then `ray job submit` this
+#                     script with the variables set here, the repository as working dir [unset: run here]
 #   SAMPLES_PER_PROMPT          [4 for ppo, 8 for grpo, reinforce++ and dapo]
 #   ACTOR_LR          actor learning rate [5e-7]
 #   EPISODES          passes over the prompts (--train.num_episodes) [4]
@@ -49,6 +59,16 @@ here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/lib.sh"
 split_dry_run "$@"
 
+# The variables set by the caller, forwarded to the cluster with SUBMIT_TO (secrets stay in its environment).
+set_here=()
+for name in POLICY PROMPT_DATA INPUT_KEY LABEL_KEY RETRIEVER_URL REWARD_URL AGENT_CONFIG SCHEME REWARD_OPTIONS \
+    QUERY_ENCODER ALGO KL_COEF DYNAMIC_FILTERING DYNAMIC_FILTERING_RANGE PLACEMENT ROLLOUT_BATCH START_STEP \
+    NODES GPUS_PER_NODE COLOCATE ACTOR_NODES ACTOR_GPUS_PER_NODE CRITIC_NODES CRITIC_GPUS_PER_NODE \
+    VLLM_ENGINES VLLM_TP VLLM_GPU_MEMORY SAMPLES_PER_PROMPT ACTOR_LR EPISODES MAX_LEN SAVE_DIR CKPT_DIR \
+    SAVE_STEPS TENSORBOARD_DIR; do
+    if [[ -n "${!name+set}" ]]; then set_here+=("$name=${!name}"); fi
+done
+
 PYTHON="${PYTHON:-python3}"
 POLICY="${POLICY:-Qwen/Qwen2.5-7B-Instruct}"
 PROMPT_DATA="${PROMPT_DATA:-data/hotpotqa_rl.jsonl}"
@@ -60,10 +80,16 @@ AGENT_CONFIG="${AGENT_CONFIG:-$here/configs/r3.yaml}"
 ALGO="${ALGO:-ppo}"
 NODES="${NODES:-1}"
 GPUS_PER_NODE="${GPUS_PER_NODE:-8}"
+COLOCATE="${COLOCATE:-all}"
 require_int 1 NODES GPUS_PER_NODE
-VLLM_ENGINES="${VLLM_ENGINES:-$((NODES * GPUS_PER_NODE))}"
+ACTOR_NODES="${ACTOR_NODES:-$NODES}"
+ACTOR_GPUS_PER_NODE="${ACTOR_GPUS_PER_NODE:-$GPUS_PER_NODE}"
+CRITIC_NODES="${CRITIC_NODES:-$ACTOR_NODES}"
+CRITIC_GPUS_PER_NODE="${CRITIC_GPUS_PER_NODE:-$ACTOR_GPUS_PER_NODE}"
 VLLM_TP="${VLLM_TP:-1}"
-VLLM_GPU_MEMORY="${VLLM_GPU_MEMORY:-0.5}"
+require_int 1 ACTOR_NODES ACTOR_GPUS_PER_NODE CRITIC_NODES CRITIC_GPUS_PER_NODE VLLM_TP
+VLLM_ENGINES="${VLLM_ENGINES:-$((ACTOR_NODES * ACTOR_GPUS_PER_NODE / VLLM_TP))}"
+if [[ "$COLOCATE" == all ]]; then VLLM_GPU_MEMORY="${VLLM_GPU_MEMORY:-0.5}"; else VLLM_GPU_MEMORY="${VLLM_GPU_MEMORY:-0.9}"; fi
 MAX_LEN="${MAX_LEN:-8192}"
 SAVE_DIR="${SAVE_DIR:-checkpoints/r3-$ALGO}"
 CKPT_DIR="${CKPT_DIR:-$SAVE_DIR/ckpt}"
@@ -81,7 +107,7 @@ case "$ALGO" in
         KL_COEF="${KL_COEF:-0.01}"
         algo_flags=(--algo.advantage.estimator gae --algo.advantage.gamma 1.0 --algo.advantage.lambd 0.95
             --critic.model_name_or_path "$POLICY" --critic.adam.lr 9e-6
-            --critic.num_nodes "$NODES" --critic.num_gpus_per_node "$GPUS_PER_NODE") ;;
+            --critic.num_nodes "$CRITIC_NODES" --critic.num_gpus_per_node "$CRITIC_GPUS_PER_NODE") ;;
     grpo)
         SAMPLES_PER_PROMPT="${SAMPLES_PER_PROMPT:-8}"
         KL_COEF="${KL_COEF:-0.001}"
@@ -129,6 +155,64 @@ if [[ "$PLACEMENT" == step && "$ALGO" != ppo ]]; then
     echo "PLACEMENT=step needs ALGO=ppo: $ALGO's group baseline normalises episode totals; use PLACEMENT=scalar" >&2
     exit 2
 fi
+# check_layout: exit 2, naming the variables to change, unless the models' GPUs fit the cluster the way
+# OpenRLHF places them; sets colocate_flags.
+check_layout() {
+    local total=$((NODES * GPUS_PER_NODE)) actor=$((ACTOR_NODES * ACTOR_GPUS_PER_NODE))
+    local vllm=$((VLLM_ENGINES * VLLM_TP)) critic=0 ref=0 used group
+    if [[ "$ALGO" == ppo ]]; then critic=$((CRITIC_NODES * CRITIC_GPUS_PER_NODE)); fi
+    if [[ ! "$KL_COEF" =~ ^0(\.0*)?([eE][-+]?[0-9]+)?$ ]]; then ref=$actor; fi
+    for group in ACTOR CRITIC; do
+        local nodes="${group}_NODES" per_node="${group}_GPUS_PER_NODE"
+        if (( ${!nodes} > NODES || ${!per_node} > GPUS_PER_NODE )); then
+            echo "$nodes x $per_node (${!nodes} x ${!per_node}) does not fit the cluster's NODES x GPUS_PER_NODE" \
+                "($NODES x $GPUS_PER_NODE)" >&2
+            exit 2
+        fi
+    done
+    if (( VLLM_TP > GPUS_PER_NODE )); then
+        echo "VLLM_TP ($VLLM_TP) must be at most GPUS_PER_NODE ($GPUS_PER_NODE): an engine's tensor parallelism" \
+            "stays within one node" >&2
+        exit 2
+    fi
+    case "$COLOCATE" in
+        all)
+            colocate_flags=(--train.colocate_all --vllm.enable_sleep --ds.enable_sleep)
+            if (( vllm != actor )); then
+                echo "with COLOCATE=all the vLLM engines take turns with the actor on its GPUs: VLLM_ENGINES x VLLM_TP" \
+                    "($VLLM_ENGINES x $VLLM_TP) must equal ACTOR_NODES x ACTOR_GPUS_PER_NODE ($actor)" >&2
+                exit 2
+            fi
+            if (( critic )) && [[ "$CRITIC_NODES $CRITIC_GPUS_PER_NODE" != "$ACTOR_NODES $ACTOR_GPUS_PER_NODE" ]]; then
+                echo "with COLOCATE=all the critic shares the actor's GPUs: set CRITIC_NODES and CRITIC_GPUS_PER_NODE" \
+                    "to the actor's ($ACTOR_NODES, $ACTOR_GPUS_PER_NODE), or use COLOCATE=actor_ref" >&2
+                exit 2
+            fi
+            used=$actor ;;
+        actor_ref)
+            colocate_flags=(--train.colocate_actor_ref)
+            used=$((actor + critic + vllm)) ;;
+        none)
+            colocate_flags=()
+            used=$((actor + ref + critic + vllm)) ;;
+        *)
+            echo "COLOCATE must be all, actor_ref or none, got '$COLOCATE'" >&2
+            exit 2 ;;
+    esac
+    if (( used > total )); then
+        echo "COLOCATE=$COLOCATE needs $used GPUs (actor $actor, ref $([[ $COLOCATE == none ]] && echo "$ref" ||
+            echo shared), critic $critic, vLLM $vllm) but NODES x GPUS_PER_NODE is $total: lower ACTOR_*," \
+            "CRITIC_* or VLLM_ENGINES, or colocate more" >&2
+        exit 2
+    fi
+    if (( ROLLOUT_BATCH * SAMPLES_PER_PROMPT / 8 < actor )); then
+        echo "ROLLOUT_BATCH x SAMPLES_PER_PROMPT / 8 (rollout micro-batches: $((ROLLOUT_BATCH * SAMPLES_PER_PROMPT / 8)))" \
+            "must be at least the actor's $actor GPUs (OpenRLHF's rule): raise ROLLOUT_BATCH" >&2
+        exit 2
+    fi
+}
+
+check_layout
 if [[ ! -f "$AGENT_CONFIG" ]]; then
     echo "AGENT_CONFIG=$AGENT_CONFIG does not exist" >&2
     exit 2
@@ -207,17 +291,25 @@ cmd=("$PYTHON" -m r3_env.openrlhf.train
     --actor.adam.lr "$ACTOR_LR"
     "${algo_flags[@]}"
     --ds.zero_stage 2 --ds.param_dtype bf16 --actor.gradient_checkpointing_enable
-    --actor.num_nodes "$NODES" --actor.num_gpus_per_node "$GPUS_PER_NODE"
-    --ref.num_nodes "$NODES" --ref.num_gpus_per_node "$GPUS_PER_NODE"
+    --actor.num_nodes "$ACTOR_NODES" --actor.num_gpus_per_node "$ACTOR_GPUS_PER_NODE"
+    --ref.num_nodes "$ACTOR_NODES" --ref.num_gpus_per_node "$ACTOR_GPUS_PER_NODE"
     --vllm.num_engines "$VLLM_ENGINES" --vllm.tensor_parallel_size "$VLLM_TP"
     --vllm.gpu_memory_utilization "$VLLM_GPU_MEMORY" --vllm.enable_prefix_caching
-    --vllm.enable_sleep --ds.enable_sleep --train.colocate_all
+    "${colocate_flags[@]}"
     --ckpt.output_dir "$SAVE_DIR" --ckpt.path "$CKPT_DIR" --ckpt.save_steps "$SAVE_STEPS" --ckpt.max_num 3
     --ckpt.load_enable
     --logger.logging_steps 1 --logger.tensorboard_dir "$TENSORBOARD_DIR")
 if [[ -n "${WANDB_API_KEY:-}" ]]; then cmd+=(--logger.wandb.key "$WANDB_API_KEY" --logger.wandb.project r3rag); fi
 cmd+=("${extra[@]}")
 
+if [[ -n "${SUBMIT_TO:-}" ]]; then
+    # The job resolves the same defaults on the cluster; only what was set here travels with it.
+    submit=(ray job submit --address "$SUBMIT_TO" --working-dir "$here/.."
+        --runtime-env-json '{"excludes": [".venv*", "runs", "demo_out", "checkpoints", ".git"]}'
+        -- env "${set_here[@]}" bash launch/ppo_r3.sh "${extra[@]}")
+    if (( dry_run )); then print_command "${submit[@]}"; exit 0; fi
+    exec "${submit[@]}"
+fi
 if (( dry_run )); then
     echo "R3RAG_AGENT_CONFIG=$(printf '%q' "$R3RAG_AGENT_CONFIG")"
     echo "R3RAG_AGENT_OVERRIDES=$(printf '%q' "$R3RAG_AGENT_OVERRIDES")"

@@ -61,8 +61,18 @@ def test_dapo_lws_resolves_to_the_papers_settings_in_openrlhfs_parser(monkeypatc
     ("env", "options", "episodes_per_step"),
     [
         ({"SWITCH_STEP": "250", "BETA": "0.5"}, {"switch_step": 250, "beta": 0.5}, 128),
-        ({"SWITCH_STEP": "0", "VLLM_ENGINES": "4"}, {"switch_step": 0, "beta": 0.3}, 256),
-        ({"BETA": "1e-1", "ROLLOUT_BATCH": "18", "SAMPLES_PER_PROMPT": "8", "VLLM_ENGINES": "3"}, {"beta": 0.1}, 48),
+        ({"SWITCH_STEP": "0", "VLLM_ENGINES": "4", "ACTOR_GPUS_PER_NODE": "4"}, {"switch_step": 0, "beta": 0.3}, 256),
+        (
+            {
+                "BETA": "1e-1",
+                "ROLLOUT_BATCH": "18",
+                "SAMPLES_PER_PROMPT": "8",
+                "VLLM_ENGINES": "3",
+                "ACTOR_GPUS_PER_NODE": "3",
+            },
+            {"beta": 0.1},
+            48,
+        ),
     ],
 )
 def test_the_stage_schedule_reaches_the_agent_with_the_config_options_kept(env, options, episodes_per_step):
@@ -120,7 +130,10 @@ def test_the_lws_config_is_a_rollout_config_of_the_tags_format_and_the_lws_schem
         ({"REWARD_OPTIONS": '{"diversity": false}', "SWITCH_STEP": "10"}, "REWARD_OPTIONS"),
         ({"PLACEMENT": "step"}, "PLACEMENT"),
         ({"AGENT_CONFIG": "/nonexistent.yaml"}, "AGENT_CONFIG"),
-        ({"ROLLOUT_BATCH": "32", "VLLM_ENGINES": "3"}, "ROLLOUT_BATCH (32) must divide by VLLM_ENGINES (3)"),
+        (
+            {"ROLLOUT_BATCH": "32", "VLLM_ENGINES": "3", "ACTOR_GPUS_PER_NODE": "3"},
+            "ROLLOUT_BATCH (32) must divide by VLLM_ENGINES (3)",
+        ),
     ],
 )
 def test_bad_variables_exit_2_naming_the_variable(env, named):

