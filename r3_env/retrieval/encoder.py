@@ -60,7 +60,7 @@ class Encoder:
                 from transformers import AutoModel, AutoTokenizer
 
                 self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-                self.model = AutoModel.from_pretrained(model_path, torch_dtype=dtype).to(self.device).eval()
+                self.model = AutoModel.from_pretrained(model_path, dtype=dtype).to(self.device).eval()
                 self.dim = int(self.model.config.hidden_size)
         except OSError as error:
             raise FileNotFoundError(

@@ -101,7 +101,7 @@ class LocalHFBackend(ChatBackend):
         self.device = resolve_device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         dtype = torch.bfloat16 if self.device != "cpu" else torch.float32
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=dtype).to(self.device).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device).eval()
         self.model_id = f"local:{model_path}"
         self.max_tokens = max_tokens
         self._lock = threading.Lock()
