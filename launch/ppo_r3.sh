@@ -59,14 +59,16 @@ here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/lib.sh"
 split_dry_run "$@"
 
-# The variables set by the caller, forwarded to the cluster with SUBMIT_TO (secrets stay in its environment).
+# The variables set by the caller, forwarded to the cluster with SUBMIT_TO (secrets stay in its environment);
+# paths inside this repository become relative, since the job runs in the uploaded copy of it.
+repo="$(cd "$here/.." && pwd)"
 set_here=()
 for name in POLICY PROMPT_DATA INPUT_KEY LABEL_KEY RETRIEVER_URL REWARD_URL AGENT_CONFIG SCHEME REWARD_OPTIONS \
     QUERY_ENCODER ALGO KL_COEF DYNAMIC_FILTERING DYNAMIC_FILTERING_RANGE PLACEMENT ROLLOUT_BATCH START_STEP \
     NODES GPUS_PER_NODE COLOCATE ACTOR_NODES ACTOR_GPUS_PER_NODE CRITIC_NODES CRITIC_GPUS_PER_NODE \
     VLLM_ENGINES VLLM_TP VLLM_GPU_MEMORY SAMPLES_PER_PROMPT ACTOR_LR EPISODES MAX_LEN SAVE_DIR CKPT_DIR \
     SAVE_STEPS TENSORBOARD_DIR; do
-    if [[ -n "${!name+set}" ]]; then set_here+=("$name=${!name}"); fi
+    if [[ -n "${!name+set}" ]]; then value="${!name}"; set_here+=("$name=${value#"$repo"/}"); fi
 done
 
 PYTHON="${PYTHON:-python3}"
