@@ -22,7 +22,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from demo.run import ENV, Demo, DemoConfig  # noqa: E402
-from demo.services import ServiceProcess  # noqa: E402
 
 POLICIES = ("untrained", "sft", "ppo")
 
@@ -34,13 +33,9 @@ def policy_rewards(demo: Demo) -> dict[str, dict[str, float]]:
     from r3_env.train.ppo import evaluate_rewards
 
     items = read_dataset(demo.paths["world"] / "dev.jsonl")[: demo.budget.eval_questions]
-    services = demo.paths["services"]
     folders = {"untrained": demo.paths["policy0"], "sft": demo.paths["sft_policy"], "ppo": demo.paths["ppo_policy"]}
-    with (
-        ServiceProcess(["retriever", "serve", "--config", str(services / "retriever.yaml")]) as retriever,
-        ServiceProcess(["reward", "serve", "--config", str(services / "reward.yaml")]) as reward,
-    ):
-        urls = {"retriever_url": retriever.url, "reward_url": reward.url}
+    with demo.serving() as (retriever_url, reward_url):
+        urls = {"retriever_url": retriever_url, "reward_url": reward_url}
         rollout = RolloutConfig.from_dict({"env": ENV, "reward": {"scheme": "r3"}, "services": urls})
         return {name: evaluate_rewards(str(folder), items, rollout) for name, folder in folders.items()}
 

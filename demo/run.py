@@ -7,6 +7,11 @@ model factory; ``--model smollm2-135m-instruct`` a real instruct model, with its
 evaluation of the untrained policy; SFT; evaluation; PPO with a critic and GAE; evaluation; and
 ``report.html`` with the before/after table, the training curves and the trajectory browser.
 
+``--data DIR`` (a folder of FlashRAG samples such as ``../shared/data``) runs the same stages on real
+questions instead of the world: one BM25 index over the union of the samples' paragraphs, a fixed
+split by question id (:mod:`r3_env.real_data`), cold start from the datasets' own evidence chains
+(the evidence teacher) on the train part, PPO on the train part, evaluation on the eval part.
+
 Each stage is the library's own (the same calls ``r3rag world``, ``index build``, ``coldstart
 synth``, ``train local`` and ``eval run/score/report`` make), and each resumes: a rerun after an
 interruption picks up where it stopped. ``demo.json`` records the settings, each stage's wall
@@ -29,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from demo.services import ServiceProcess
+from demo.services import ServiceProcess, vllm_cpu_env
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +66,10 @@ class ModelRecipe:
     quick: Budget
     sft: dict[str, Any]
     ppo: dict[str, Any]
+    # SFT and actor learning rates are multiplied by this when the policy trains through LoRA adapters
+    # (--lora_rank): adapters start at zero and need about ten times full fine-tuning's rate
+    # (Schulman et al., "LoRA Without Regret", 2025); a tiny random model is never trained that way.
+    lora_lr_scale: float = 1.0
 
 
 TINY = ModelRecipe(
@@ -106,6 +115,32 @@ PRETRAINED = ModelRecipe(
     ),
     sft={"lr": 2e-5, "batch_size": 8, "micro_batch_size": 2},
     ppo={"micro_batch_size": 2, "train_batch_size": 16, "actor_lr": 1e-6, "critic_lr": 9e-6, "critic_warmup": 1},
+    lora_lr_scale=10.0,
+)
+# A pre-trained model on real questions (--data): every train question the evidence teacher keeps,
+# and eval_questions per dataset of the eval part.
+REAL = ModelRecipe(
+    full=Budget(
+        entities=0,
+        coldstart_questions=0,
+        sft_epochs=2,
+        ppo_iterations=8,
+        rollout_batch_size=4,
+        n_samples_per_prompt=4,
+        eval_questions=60,
+    ),
+    quick=Budget(
+        entities=0,
+        coldstart_questions=6,
+        sft_epochs=1,
+        ppo_iterations=2,
+        rollout_batch_size=2,
+        n_samples_per_prompt=2,
+        eval_questions=3,
+    ),
+    sft={"lr": 5e-5, "batch_size": 8, "micro_batch_size": 2},
+    ppo={"micro_batch_size": 2, "train_batch_size": 16, "actor_lr": 1e-6, "critic_lr": 9e-6, "critic_warmup": 1},
+    lora_lr_scale=10.0,
 )
 
 
@@ -167,13 +202,56 @@ class DemoConfig:
     lora_rank: int = field(
         default=0, metadata={"help": "train the policy through LoRA adapters of this rank (0: full)"}
     )
-    eval_questions: int = field(default=0, metadata={"help": "override the budget's dev questions (0: keep)"})
+    eval_questions: int = field(
+        default=0, metadata={"help": "override the budget's dev questions per dataset (0: keep)"}
+    )
+    sft_lr: float = field(default=0.0, metadata={"help": "override the recipe's SFT learning rate (0: keep)"})
+    actor_lr: float = field(default=0.0, metadata={"help": "override the recipe's PPO actor learning rate (0: keep)"})
+    data: str = field(
+        default="",
+        metadata={
+            "help": "train and evaluate on real questions: a folder with one FlashRAG sample per dataset (DATASET/"
+            "dev.jsonl and DATASET/corpus.jsonl, e.g. ../shared/data), split by question id ('': the synthetic world)"
+        },
+    )
+    eval_engine: str = field(
+        default="hf",
+        metadata={
+            "help": "engine of the evaluations: hf (transformers, in this process) or vllm (vLLM's CPU or GPU build "
+            "in --vllm_python's env, bash scripts/setup_vllm.sh)"
+        },
+    )
+    vllm_python: str = field(
+        default=".venv-vllm/bin/python", metadata={"help": "eval_engine vllm: the Python of an env with vLLM and r3rag"}
+    )
 
     def __post_init__(self) -> None:
         from r3_env.model_registry import MODELS
 
         if min(self.threads, self.sft_epochs, self.ppo_iterations, self.eval_questions, self.lora_rank) < 0:
             raise ValueError("threads and the overrides must be 0 or more")
+        if self.sft_lr < 0 or self.actor_lr < 0:
+            raise ValueError("sft_lr and actor_lr must be 0 (keep the recipe's) or positive")
+        if self.eval_engine not in ("hf", "vllm"):
+            raise ValueError(f"eval_engine: {self.eval_engine!r} is not hf or vllm")
+        if self.eval_engine == "vllm" and not Path(self.vllm_python).is_file():
+            raise ValueError(
+                f"vllm_python: {self.vllm_python} does not exist; run `bash scripts/setup_vllm.sh` (vLLM's CPU build) "
+                "or pass --vllm_python PYTHON of an env with vLLM and r3rag, or use --eval_engine hf"
+            )
+        if self.eval_engine == "vllm":
+            object.__setattr__(self, "vllm_python", str(Path(self.vllm_python).absolute()))
+        if self.data:
+            if not Path(self.data).is_dir():
+                raise ValueError(f"data: {self.data} is not a folder of FlashRAG samples (e.g. ../shared/data)")
+            if self.model == "tiny-random":
+                raise ValueError(
+                    "model: tiny-random is the synthetic world's (its tokenizer is trained on the world); with --data "
+                    "pass a pre-trained model: --model smollm2-135m-instruct or a local HF folder"
+                )
+            if self.recipe != "r3":
+                raise ValueError("data: real questions run the r3 recipe (the evidence teacher writes r3 steps)")
+            object.__setattr__(self, "data", str(Path(self.data).resolve()))
         if self.recipe not in METHODS:
             raise ValueError(f"recipe: {self.recipe!r} is not one of {', '.join(METHODS)}")
         if self.scheme:
@@ -198,7 +276,7 @@ class DemoConfig:
         from r3_env.train.model_factory import FACTORY_FILE
 
         factory_made = self.model == "tiny-random" or (Path(self.model) / FACTORY_FILE).is_file()
-        return TINY if factory_made else PRETRAINED
+        return TINY if factory_made else REAL if self.data else PRETRAINED
 
     @property
     def budget(self) -> Budget:
@@ -222,8 +300,23 @@ ENV = {
     "format_retries": 0,
     "max_step_tokens": 96,
 }
+# Real questions (--data): the same rules with two new documents per step, cut to 300 characters
+# (the evidence teacher keeps 89% of 2Wiki's chains at two and the steps' prompts stay short on
+# CPU), and 128 tokens per step (the teacher's longest step is 120 with SmolLM2's tokenizer).
+REAL_ENV = {**ENV, "docs_per_step": 2, "doc_chars": 300, "max_step_tokens": 128}
 # The tiny policy: 4 layers learn the step format within the budget where 2 do not (measured).
 MODEL = {"vocab_size": 2048, "hidden_size": 128, "layers": 4, "heads": 4, "kv_heads": 2, "intermediate_size": 512}
+
+
+@dataclass(frozen=True)
+class DemoData:
+    """What a demo retrieves from, trains on and evaluates on (``coldstart`` and ``eval``: comma-separated files)."""
+
+    corpus: Path
+    coldstart: str
+    prompts: Path
+    eval: str
+    teacher: str  # the cold-start teacher: scripted (the world's) or evidence (the datasets' annotations)
 
 
 class Demo:
@@ -234,6 +327,7 @@ class Demo:
         self.stages: dict[str, float] = {}
         self.paths: dict[str, Path] = {}
         self.urls: dict[str, str] = {}
+        self.data: DemoData | None = None  # set by the first stage
 
     @contextmanager
     def stage(self, name: str, title: str) -> Iterator[None]:
@@ -253,6 +347,8 @@ class Demo:
         previous.setdefault("recipe", "r3")  # and before --recipe and --scheme
         previous.setdefault("scheme", "")
         previous.setdefault("lora_rank", 0)
+        for key in ("sft_lr", "actor_lr", "data", "eval_engine", "vllm_python"):  # and before these
+            previous.setdefault(key, dataclasses.asdict(DemoConfig())[key])
         if previous == dataclasses.asdict(self.config):
             return
         if not overwrite:
@@ -275,32 +371,45 @@ class Demo:
 
     # -- stages ---------------------------------------------------------------------------------
 
-    def world(self) -> Path:
+    @property
+    def env(self) -> dict[str, Any]:
+        return REAL_ENV if self.config.data else ENV
+
+    def sources(self) -> DemoData:
+        """The synthetic world, or the real samples of ``--data`` split by question id."""
+        if self.config.data:
+            from r3_env.real_data import prepare_real_data
+
+            with self.stage("data", "1. real questions: one corpus, split by question id"):
+                real = prepare_real_data(Path(self.config.data), self.out / "data")
+            self.paths["data"] = real.root
+            self.data = DemoData(real.corpus, real.data("train"), real.prompts, real.data("eval"), "evidence")
+            return self.data
         from r3_env.world.build import WorldConfig, generate_world
 
         folder = self.out / "world"
         with self.stage("world", "1. synthetic world"):
             generate_world(WorldConfig(entities=self.budget.entities, seed=self.config.seed), folder)
         self.paths["world"] = folder
-        return folder
+        train = folder / "train.jsonl"
+        self.data = DemoData(folder / "corpus.jsonl", str(train), train, str(folder / "dev.jsonl"), "scripted")
+        return self.data
 
-    def index(self, world: Path) -> Path:
+    def index(self, data: DemoData) -> Path:
         from r3_env.retrieval.index_builder import IndexBuildConfig, build_index
 
-        with self.stage("index", "2. BM25 index"):  # rebuilt every run: a fraction of a second at this size
-            config = IndexBuildConfig(corpus_path=str(world / "corpus.jsonl"), save_dir=str(self.out / "index"))
+        with self.stage("index", "2. BM25 index"):  # rebuilt every run: seconds at these sizes
+            config = IndexBuildConfig(corpus_path=str(data.corpus), save_dir=str(self.out / "index"))
             index = build_index(config)
         self.paths["index"] = index
         return index
 
-    def services(self, world: Path, index: Path) -> tuple[ServiceProcess, ServiceProcess]:
+    def services(self, data: DemoData, index: Path) -> tuple[ServiceProcess, ServiceProcess]:
         folder = self.out / "services"
         folder.mkdir(parents=True, exist_ok=True)
         retriever_yaml = folder / "retriever.yaml"
         retriever_yaml.write_text(
-            yaml.safe_dump(
-                {"retrieval_method": "bm25", "index_path": str(index), "corpus_path": str(world / "corpus.jsonl")}
-            )
+            yaml.safe_dump({"retrieval_method": "bm25", "index_path": str(index), "corpus_path": str(data.corpus)})
         )
         reward_yaml = folder / "reward.yaml"
         reward_yaml.write_text(yaml.safe_dump({"judge": {"backend": "lexical"}}))
@@ -311,28 +420,30 @@ class Demo:
         self.paths["services"] = folder
         return retriever, reward
 
-    def coldstart(self, world: Path, retriever_url: str) -> Path:
+    def coldstart(self, data: DemoData, retriever_url: str) -> Path:
         from r3_env.coldstart.synth import SynthConfig, synthesize
         from r3_env.coldstart.teacher import TeacherConfig
         from r3_env.env import EnvConfig
         from r3_env.runs import RetrievalSource
 
         folder = self.out / "coldstart"
-        with self.stage("coldstart", "4. cold-start trajectories (scripted teacher, Algorithm 1)"):
+        with self.stage("coldstart", f"4. cold-start trajectories ({data.teacher} teacher, Algorithm 1)"):
             config = SynthConfig(
-                data=str(world / "train.jsonl"),
+                data=data.coldstart,
                 out=str(folder),
                 samples=1,
                 max_questions=self.budget.coldstart_questions,
                 step_format=self.config.method.step_format,
             )
             asyncio.run(
-                synthesize(config, EnvConfig(**ENV), TeacherConfig(kind="scripted"), RetrievalSource(url=retriever_url))
+                synthesize(
+                    config, EnvConfig(**self.env), TeacherConfig(kind=data.teacher), RetrievalSource(url=retriever_url)
+                )
             )
         self.paths["coldstart"] = folder
         return folder / "trajectories.jsonl"
 
-    def policy(self, world: Path) -> Path:
+    def policy(self) -> Path:
         from r3_env.model_registry import MODELS, get_model
         from r3_env.train.model_factory import TinyModelConfig, build_tiny_policy
 
@@ -341,7 +452,7 @@ class Demo:
             folder = self.out / "policy0"
             with self.stage("model", "5a. tiny policy (BPE tokenizer on the world, random Qwen2)"):
                 sizes = TinyModelConfig(**MODEL, seed=self.config.seed, step_format=self.config.method.step_format)
-                build_tiny_policy(world, folder, sizes)
+                build_tiny_policy(self.paths["world"], folder, sizes)
         elif model in MODELS:
             folder = self.out / "policy0"
             with self.stage("model", f"5a. {model} (r3rag model get)"):
@@ -364,18 +475,18 @@ class Demo:
                         input=str(trajectories),
                         out=str(out),
                         tokenizer=str(policy),
-                        doc_chars=ENV["doc_chars"],
+                        doc_chars=self.env["doc_chars"],
                         step_format=self.config.method.step_format,
                     )
                 )
         return out
 
-    def train_config(self, policy: Path, sft_data: Path, world: Path, retriever_url: str, reward_url: str) -> Any:
+    def train_config(self, policy: Path, sft_data: Path, prompts: Path, retriever_url: str, reward_url: str) -> Any:
         from r3_env.config import configs_from_values
         from r3_env.train.config import SECTIONS
         from r3_env.train.local import LocalTrainConfig
 
-        budget, method = self.budget, self.config.method
+        budget, method, recipe = self.budget, self.config.method, self.config.model_recipe
         reward = dict(method.reward)
         reward["scheme"] = self.config.scheme or reward["scheme"]
         switch = method.switch_at(budget.ppo_iterations)
@@ -383,22 +494,25 @@ class Demo:
             from r3_env.model_registry import offline_minilm_path
 
             reward.update(options={"switch_step": switch}, query_encoder=offline_minilm_path())
+        scale = recipe.lora_lr_scale if self.config.lora_rank else 1.0
+        sft = {**recipe.sft, "lr": self.config.sft_lr or scale * recipe.sft["lr"]}
+        ppo = {**recipe.ppo, "actor_lr": self.config.actor_lr or scale * recipe.ppo["actor_lr"]}
         values = {
             "out": str(self.out / "train"),
             "seed": self.config.seed,
             "threads": self.config.threads,
             "model": {"policy": str(policy), "lora_rank": self.config.lora_rank},
-            "sft": {"data": str(sft_data), "epochs": budget.sft_epochs, **self.config.model_recipe.sft},
+            "sft": {"data": str(sft_data), "epochs": budget.sft_epochs, **sft},
             "ppo": {
-                "prompts": str(world / "train.jsonl"),
+                "prompts": str(prompts),
                 "iterations": budget.ppo_iterations,
                 "rollout_batch_size": budget.rollout_batch_size,
                 "n_samples_per_prompt": budget.n_samples_per_prompt,
                 "max_len": 3072,
-                **self.config.model_recipe.ppo,
+                **ppo,
                 **method.ppo,
             },
-            "env": ENV,
+            "env": self.env,
             "reward": reward,
             "policy": {"step_format": method.step_format},
             "services": {"retriever_url": retriever_url, "reward_url": reward_url},
@@ -406,37 +520,73 @@ class Demo:
         return LocalTrainConfig.from_sections(*configs_from_values(values, SECTIONS, where="demo"))
 
     def evaluate(
-        self, name: str, policy: Path, world: Path, retriever: str, reward: str, eval_method: str = "r3"
+        self, name: str, policy: Path, data: str, retriever: str, reward: str, eval_method: str = "r3", **extra: Any
     ) -> dict[str, Any]:
-        from eval.engines import EngineConfig, GenerationConfig
-        from eval.run import EvalRunConfig, run_eval
+        """Run ``eval_method`` with ``policy`` on ``data`` (comma-separated files) and score it.
+
+        ``extra``: more :class:`eval.run.EvalRunConfig` settings (``naive_topk`` for the baselines).
+        """
         from eval.score import ScoreConfig, score_run
-        from r3_env.env import EnvConfig
-        from r3_env.runs import JudgeConfig, RetrievalSource
+        from r3_env.runs import JudgeConfig
 
         folder = self.out / "eval" / name
-        config = EvalRunConfig(
-            data=str(world / "dev.jsonl"),
-            out=str(folder),
-            name=name,
-            max_questions=self.budget.eval_questions,
-            concurrency=32,
-            step_format=self.config.method.step_format,
-            method=eval_method,
-        )
-        retrieval = RetrievalSource(url=retriever)
-        asyncio.run(
-            run_eval(
-                config,
-                EnvConfig(**ENV),
-                EngineConfig(kind="hf", model=str(policy), dtype="float32"),
-                GenerationConfig(),
-                retrieval,
-            )
-        )
+        settings = {
+            "data": data,
+            "out": str(folder),
+            "name": name,
+            "max_questions": self.budget.eval_questions,
+            "concurrency": 32,
+            "step_format": self.config.method.step_format,
+            "method": eval_method,
+            **extra,
+        }
+        if self.config.eval_engine == "vllm":
+            self._evaluate_in_vllm_env(settings, policy, retriever)
+        else:
+            from eval.engines import EngineConfig, GenerationConfig
+            from eval.run import EvalRunConfig, run_eval
+            from r3_env.env import EnvConfig
+            from r3_env.runs import RetrievalSource
+
+            engine = EngineConfig(kind="hf", model=str(policy), dtype="float32")
+            asyncio.run(
+                run_eval(
+                    EvalRunConfig(**settings), EnvConfig(**self.env), engine, GenerationConfig(),
+                    RetrievalSource(url=retriever),
+                )
+            )  # fmt: skip
         scores = asyncio.run(score_run(ScoreConfig(run=str(folder)), JudgeConfig(url=reward)))
         self.paths[f"eval_{name}"] = folder
         return scores
+
+    def _evaluate_in_vllm_env(self, settings: dict[str, Any], policy: Path, retriever: str) -> None:
+        """``r3rag eval run --engine.kind vllm`` in the vLLM env, with vLLM's CPU settings for two cores."""
+        import os
+        import subprocess
+
+        flags = [f"--{key}={value}" for key, value in settings.items()]
+        flags += [f"--env.{key}={value}" for key, value in self.env.items() if not isinstance(value, bool)]
+        flags += [f"--{'' if value else 'no-'}env.{key}" for key, value in self.env.items() if isinstance(value, bool)]
+        engine = ["--engine.kind=vllm", f"--engine.model={policy}", "--engine.dtype=float32", "--engine.enforce_eager",
+                  "--engine.max_model_len=4096", f"--retrieval.url={retriever}"]  # fmt: skip
+        command = [self.config.vllm_python, "-m", "r3_env.cli", "-q", "eval", "run", *flags, *engine]
+        log = Path(settings["out"]).with_suffix(".vllm.log")
+        log.parent.mkdir(parents=True, exist_ok=True)
+        env = {**vllm_cpu_env(), **os.environ}
+        with open(log, "a") as handle:
+            done = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, env=env)
+        if done.returncode != 0:
+            raise RuntimeError(f"the vLLM evaluation failed (exit {done.returncode}); its log: {log}")
+
+    @contextmanager
+    def serving(self) -> Iterator[tuple[str, str]]:
+        """A finished run's retrieval service and reward server, started again: (retriever URL, reward URL)."""
+        services = self.out / "services"
+        with (
+            ServiceProcess(["retriever", "serve", "--config", str(services / "retriever.yaml")]) as retriever,
+            ServiceProcess(["reward", "serve", "--config", str(services / "reward.yaml")]) as reward,
+        ):
+            yield retriever.url, reward.url
 
     # -- the whole pipeline -----------------------------------------------------------------------
 
@@ -447,9 +597,9 @@ class Demo:
         self.check_folder(overwrite)
         self.out.mkdir(parents=True, exist_ok=True)
         self.write_record({})
-        world = self.world()
-        index = self.index(world)
-        retriever, reward = self.services(world, index)
+        data = self.sources()
+        index = self.index(data)
+        retriever, reward = self.services(data, index)
         results: dict[str, Any] = {}
         with self.stage("services", "3. retrieval service and reward server (local processes)"):
             retriever.start()
@@ -459,23 +609,24 @@ class Demo:
             logger.info(
                 "retrieval service %s, reward server %s (logs in %s)", retriever.url, reward.url, self.paths["services"]
             )
-            trajectories = self.coldstart(world, retriever.url)
-            policy0 = self.policy(world)
+            trajectories = self.coldstart(data, retriever.url)
+            policy0 = self.policy()
             sft_data = self.sft_data(trajectories, policy0)
-            config = self.train_config(policy0, sft_data, world, retriever.url, reward.url)
+            config = self.train_config(policy0, sft_data, data.prompts, retriever.url, reward.url)
+            urls = (retriever.url, reward.url)
             with self.stage("eval_untrained", "6a. evaluate the untrained policy"):
-                results["untrained"] = _summary(self.evaluate("untrained", policy0, world, retriever.url, reward.url))
+                results["untrained"] = _summary(self.evaluate("untrained", policy0, data.eval, *urls))
             with self.stage("sft", "6b. SFT on the cold-start data"):
                 sft_policy = train_local(config, stages=("sft",))["sft"]
             with self.stage("eval_sft", "7. evaluate the SFT policy"):
-                results["sft"] = _summary(self.evaluate("sft", sft_policy, world, retriever.url, reward.url))
+                results["sft"] = _summary(self.evaluate("sft", sft_policy, data.eval, *urls))
             with self.stage("ppo", f"8. {self.config.method.title} from the SFT policy"):
                 ppo_policy = train_local(config)["ppo"]
             with self.stage("eval_ppo", "9. evaluate the PPO policy"):
-                results["ppo"] = _summary(self.evaluate("ppo", ppo_policy, world, retriever.url, reward.url))
+                results["ppo"] = _summary(self.evaluate("ppo", ppo_policy, data.eval, *urls))
             if self.config.method.no_retrieval_eval:
                 with self.stage("eval_ppo_direct", "9b. evaluate the PPO policy answering without retrieval"):
-                    scores = self.evaluate("ppo_direct", ppo_policy, world, retriever.url, reward.url, "direct")
+                    scores = self.evaluate("ppo_direct", ppo_policy, data.eval, *urls, eval_method="direct")
                     results["ppo_direct"] = _summary(scores)
         finally:
             retriever.stop()

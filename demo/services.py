@@ -7,6 +7,7 @@ tests start theirs with the same class.
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -46,13 +47,14 @@ class ServiceProcess:
         self.timeout = timeout
         self.log_path = Path(log) if log else Path(tempfile.gettempdir()) / f"r3rag-service-{self.port}.log"
         self.process: subprocess.Popen | None = None
+        self.env: dict[str, str] | None = None  # the child's environment (None: this process's)
 
     def start(self) -> ServiceProcess:
         import httpx
 
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "w")
-        self.process = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT, env=self.env)
         deadline = time.time() + self.timeout
         while time.time() < deadline:
             if self.process.poll() is not None:
@@ -86,3 +88,31 @@ class ServiceProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def vllm_cpu_env() -> dict[str, str]:
+    """vLLM's CPU build on this machine: every core computes (by default one is reserved), 2 GiB of KV cache."""
+    return {
+        "VLLM_CPU_OMP_THREADS_BIND": f"0-{(os.cpu_count() or 1) - 1}",
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+        "VLLM_CPU_KVCACHE_SPACE": "2",
+    }
+
+
+class VLLMServer(ServiceProcess):
+    """vLLM's OpenAI-compatible server for a local model folder, run by ``python`` of an env that has vLLM
+    (``bash scripts/setup_vllm.sh`` makes ``.venv-vllm``); its endpoint is ``base_url``.
+
+    fp32 and eager mode: the CPU build is ready in about 30 s that way (compiling takes minutes and its
+    cache never reloads); explicit ``VLLM_CPU_*`` settings in the environment win over :func:`vllm_cpu_env`.
+    """
+
+    def __init__(
+        self, python: str, model: str, port: int | None = None, timeout: float = 600.0, log: Path | None = None
+    ) -> None:
+        super().__init__([], port, timeout, log=log)
+        self.command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host",
+                        "127.0.0.1", "--port", str(self.port), "--max-model-len", "4096", "--dtype", "float32",
+                        "--enforce-eager"]  # fmt: skip
+        self.env = {**vllm_cpu_env(), **os.environ}
+        self.base_url = f"{self.url}/v1"

@@ -67,7 +67,10 @@ class StandInTeacher:
             self.requests.append(body)
             if self.delay_s:
                 await asyncio.sleep(self.delay_s)
-            question = get_format("r3").find_question(body["messages"][1]["content"])
+            # the conversation's own question is the last one asked (few-shot examples come before it)
+            r3, messages = get_format("r3"), body["messages"]
+            start = max(i for i, m in enumerate(messages) if m["role"] == "user" and r3.find_question(m["content"]))
+            question = r3.find_question(messages[start]["content"])
             plan = self.plans.get(question, [answer_step("no plan", "unknown")])
             if self.down or plan == "fail":
                 return JSONResponse({"detail": "overloaded"}, status_code=503)
@@ -76,7 +79,7 @@ class StandInTeacher:
                 plan, finish = [query_step("I will search for", "something that goes on and")], "length"
             if isinstance(plan, dict):
                 plan = plan[body["temperature"]]
-            turn = sum(m["role"] == "assistant" for m in body["messages"])
+            turn = sum(m["role"] == "assistant" for m in messages[start:])
             return {
                 "choices": [{"message": {"role": "assistant", "content": plan[turn]}, "finish_reason": finish}],
                 "usage": {"prompt_tokens": 100 + 10 * turn, "completion_tokens": 7},
@@ -266,6 +269,33 @@ def test_config_errors_name_the_field():
         RetrievalSource(url="http://127.0.0.1:1", config="retriever.yaml")
     with pytest.raises(ValueError, match="temperatures must be numbers"):
         SynthConfig(data="x.jsonl", temperatures="hot")
+
+
+def test_few_shot_examples_stand_between_the_instructions_and_the_question(world, tmp_path):
+    """``teacher.few_shot``: the teacher sees the example trajectories as whole earlier conversations."""
+    scripted = synth_config(world, tmp_path / "examples", 3, samples=1)
+    asyncio.run(
+        synthesize(scripted, EnvConfig(), TeacherConfig(kind="scripted"), RetrievalSource(config=world["retriever"]))
+    )
+    examples = read_rows(tmp_path / "examples" / "trajectories.jsonl")
+    standin = StandInTeacher({})
+    with InThreadServer(standin.app()) as server:
+        teacher = teacher_config(server, few_shot=str(tmp_path / "examples" / "trajectories.jsonl"))
+        config = synth_config(world, tmp_path / "asked", 1, samples=1)
+        asyncio.run(synthesize(config, EnvConfig(), teacher, RetrievalSource(config=world["retriever"])))
+    (request,) = standin.requests  # the stand-in has no plan for an example's question: it answers "unknown"
+    messages = request["messages"]
+    r3 = get_format("r3")
+    assert messages[0]["role"] == "system" and all(m["role"] != "system" for m in messages[1:])
+    asked = [r3.find_question(m["content"]) for m in messages if m["role"] == "user" and r3.find_question(m["content"])]
+    assert asked == [examples[0]["question"], examples[1]["question"], rows(world)[0]["question"]]  # two shots, then it
+    first = [m for m in messages[1:] if m["role"] == "assistant"][: len(examples[0]["steps"])]
+    assert [r3.parse_step(m["content"]).query for m in first[:-1]] == [s["query"] for s in examples[0]["steps"][:-1]]
+    assert json.loads((tmp_path / "asked" / "synth.json").read_text())["teacher"]["few_shot_count"] == 2
+    with pytest.raises(ValueError, match="teacher.few_shot prompts a model"):
+        TeacherConfig(kind="scripted", few_shot=str(tmp_path / "examples" / "trajectories.jsonl"))
+    with pytest.raises(ValueError, match="teacher.few_shot: .* does not exist"):
+        teacher_config(server, few_shot=str(tmp_path / "none.jsonl"))
 
 
 def test_rate_limit_spaces_requests():

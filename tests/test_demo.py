@@ -1,6 +1,7 @@
 """``r3rag demo --quick`` end to end, as a user runs it: every artifact is there and well formed; a rerun resumes.
 
-The same with the real SmolLM2 (its recipe, its own chat template and tokenizer) as a slow test.
+The same with the real SmolLM2 (its recipe, its own chat template and tokenizer) as a slow test, and on the
+real questions of ../shared/data (``--data``) with a tiny random model that has SmolLM2's tokenizer.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import run_r3rag
+from conftest import ROOT, SHARED_DATA, SHARED_DATASETS, run_r3rag, save_tiny_causal_lm, shared_dataset
 
 from r3_env.train.metrics import read_metrics
 
@@ -200,3 +201,116 @@ def test_lora_rank_reaches_the_trainer(tmp_path):
     assert config.model.lora_rank == 8
     with pytest.raises(ValueError, match="must be 0 or more"):
         DemoConfig(lora_rank=-1)
+
+
+def test_lora_scales_a_pretrained_recipes_learning_rates_and_flags_override_them(tmp_path):
+    from demo.run import PRETRAINED, REAL, Demo, DemoConfig
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    args = (tmp_path / "p", tmp_path / "sft.jsonl", tmp_path / "w", "http://r", "http://j")
+    full = Demo(DemoConfig(out=str(tmp_path / "d"), model=str(model))).train_config(*args)
+    lora = Demo(DemoConfig(out=str(tmp_path / "d"), model=str(model), lora_rank=8)).train_config(*args)
+    assert (full.sft.lr, full.ppo.actor_lr) == (PRETRAINED.sft["lr"], PRETRAINED.ppo["actor_lr"])
+    assert (lora.sft.lr, lora.ppo.actor_lr) == (10 * PRETRAINED.sft["lr"], 10 * PRETRAINED.ppo["actor_lr"])
+    assert lora.ppo.critic_lr == full.ppo.critic_lr  # the critic trains whole either way
+    chosen = DemoConfig(out=str(tmp_path / "d"), model=str(model), lora_rank=8, sft_lr=3e-4, actor_lr=2e-6)
+    config = Demo(chosen).train_config(*args)
+    assert (config.sft.lr, config.ppo.actor_lr) == (3e-4, 2e-6)
+    tiny = Demo(DemoConfig(out=str(tmp_path / "d"), lora_rank=8)).train_config(*args)
+    assert tiny.sft.lr == 3e-3  # the tiny model's recipe is never scaled
+    if SHARED_DATA.is_dir():
+        real = Demo(DemoConfig(out=str(tmp_path / "d"), model=str(model), data=str(SHARED_DATA))).train_config(*args)
+        env = real.rollout.env
+        assert real.sft.lr == REAL.sft["lr"] and (env.docs_per_step, env.doc_chars) == (2, 300)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--data", "no/such/folder", "--model", "smollm2-135m-instruct"], "not a folder of FlashRAG samples"),
+        (["--data", "."], "tiny-random is the synthetic world's"),
+        (["--eval_engine", "vllm", "--vllm_python", "no/python"], "setup_vllm.sh"),
+        (["--eval_engine", "sglang"], "not hf or vllm"),
+        (["--sft_lr", "-1"], "sft_lr and actor_lr"),
+    ],
+)
+def test_bad_demo_settings_are_refused_naming_the_flag(tmp_path, flags, message):
+    result = run_r3rag("demo", *flags, "--out", str(tmp_path / "d"), timeout=120)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.fixture(scope="module")
+def real_data_demo(tmp_path_factory, smollm2_tokenizer):
+    for name in SHARED_DATASETS:
+        shared_dataset(name)
+    root = tmp_path_factory.mktemp("real-data-demo")
+    model = save_tiny_causal_lm(root / "tiny", smollm2_tokenizer, heads=2, head_dim=64, kv_heads=1)
+    out = root / "out"
+    result = run_r3rag("demo", "--data", str(SHARED_DATA), "--model", str(model), "--quick", "--out", str(out),
+                       timeout=900)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    return {"out": out, "model": model, "stdout": result.stdout}
+
+
+@pytest.mark.slow
+def test_real_data_demo_trains_on_one_part_and_evaluates_on_the_other(real_data_demo):
+    from r3_env.data import iter_jsonl, read_dataset
+
+    out = real_data_demo["out"]
+    record = json.loads((out / "demo.json").read_text())
+    assert set(record["results"]) == {"untrained", "sft", "ppo"} and record["budget"]["eval_questions"] == 3
+    assert {"data", "coldstart", "sft", "ppo", "eval_ppo"} <= set(record["stages_s"]) and "world" not in record[
+        "stages_s"
+    ]
+    part = {name: {p: {i.id for i in read_dataset(out / "data" / name / f"{p}.jsonl")} for p in ("train", "eval")}
+            for name in SHARED_DATASETS}  # fmt: skip
+    # the evidence teacher wrote the cold start, from train questions only, through the union index
+    summary = json.loads((out / "coldstart" / "summary.json").read_text())
+    assert summary["teacher"] == "evidence" and set(summary["datasets"]) == set(SHARED_DATASETS)
+    for _, row in iter_jsonl(out / "coldstart" / "samples.jsonl"):
+        assert row["question_id"] in part[row["dataset"]]["train"]
+        assert all(d["id"].split("/")[0] in SHARED_DATASETS for s in row["steps"] for d in s.get("documents", []))
+    # PPO's prompts are the train part; its episodes follow the real-data environment
+    config = json.loads((out / "train" / "config.json").read_text())
+    assert config["ppo"]["prompts"] == str(out / "data" / "prompts.jsonl")
+    assert (config["env"]["docs_per_step"], config["env"]["doc_chars"], config["env"]["max_step_tokens"]) == (
+        2,
+        300,
+        128,
+    )
+    # every evaluation ran on the eval part: 3 questions of each dataset
+    for name in ("untrained", "sft", "ppo"):
+        rows = [row for _, row in iter_jsonl(out / "eval" / name / "predictions.jsonl")]
+        assert sorted(row["dataset"] for row in rows) == sorted(SHARED_DATASETS * 3)
+        assert all(row["question_id"] in part[row["dataset"]]["eval"] for row in rows)
+        scores = json.loads((out / "eval" / name / "scores.json").read_text())
+        assert set(scores["datasets"]) == set(SHARED_DATASETS)
+    assert "r3rag demo (" in real_data_demo["stdout"] and (out / "report.html").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_real_data_evaluation_through_vllms_cpu_build(real_data_demo):
+    """``--eval_engine vllm``: the same evaluation by ``r3rag eval run --engine.kind vllm`` in .venv-vllm."""
+    from demo.run import Demo, DemoConfig
+    from r3_env.data import iter_jsonl
+
+    python = ROOT / ".venv-vllm" / "bin" / "python"
+    if not python.is_file():
+        pytest.skip("no .venv-vllm: run `bash scripts/setup_vllm.sh` (vLLM's CPU build)")
+    out, model = real_data_demo["out"], real_data_demo["model"]
+    demo = Demo(DemoConfig(out=str(out), model=str(model), data=str(SHARED_DATA), quick=True, eval_engine="vllm",
+                           vllm_python=str(python)))  # fmt: skip
+    data = demo.sources()  # already prepared: nothing is rewritten
+    with demo.serving() as urls:
+        scores = demo.evaluate("vllm", model, data.eval, *urls)
+    run = json.loads((out / "eval" / "vllm" / "run.json").read_text())
+    assert run["engine"] == "vllm"
+    rows = [row for _, row in iter_jsonl(out / "eval" / "vllm" / "predictions.jsonl")]
+    hf = [row for _, row in iter_jsonl(out / "eval" / "untrained" / "predictions.jsonl")]
+    assert sorted(row["id"] for row in rows) == sorted(row["id"] for row in hf)  # the same questions as HF's run
+    assert all(row["usage"]["completion_tokens"] >= 1 for row in rows)
+    assert set(scores["datasets"]) == set(SHARED_DATASETS)

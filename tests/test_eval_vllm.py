@@ -13,19 +13,17 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 
-import httpx
 import pytest
 import yaml
-from conftest import CHATML_TEMPLATE, ROOT, ServiceProcess, free_port, make_tokenizer, run_r3rag, save_tiny_causal_lm
+from conftest import CHATML_TEMPLATE, ROOT, ServiceProcess, make_tokenizer, run_r3rag, save_tiny_causal_lm
 
+from demo.services import VLLMServer, vllm_cpu_env
 from r3_env.data import iter_jsonl
 from r3_env.retrieval.index_builder import IndexBuildConfig, build_index
 from r3_env.world.build import WorldConfig, generate_world
 
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
-VLLM_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "2"}
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +55,7 @@ def test_offline_vllm_engine(setup):
         result = subprocess.run(
             [str(VLLM_PYTHON), str(ROOT / "tests" / "vllm_eval_check.py"), str(root / "world" / "dev.jsonl"),
              str(root / "vllm-run"), str(model), retriever.url],
-            capture_output=True, text=True, timeout=840, env={**os.environ, **VLLM_ENV, "PYTHONPATH": str(ROOT)},
+            capture_output=True, text=True, timeout=840, env={**os.environ, **vllm_cpu_env(), "PYTHONPATH": str(ROOT)},
         )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     assert "4 questions" in result.stdout
@@ -68,30 +66,13 @@ def test_offline_vllm_engine(setup):
 @pytest.mark.timeout(900)
 def test_openai_engine_against_vllms_server(setup):
     root, model = setup
-    port = free_port()
-    server = subprocess.Popen(
-        [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", "127.0.0.1",
-         "--port", str(port), "--max-model-len", "4096", "--dtype", "float32", "--enforce-eager"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **VLLM_ENV},
-    )  # fmt: skip
-    try:
-        deadline = time.time() + 600
-        while time.time() < deadline:
-            assert server.poll() is None, "vLLM's server exited"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(1)
+    with VLLMServer(str(VLLM_PYTHON), str(model)) as server:
         result = run_r3rag(
             "eval", "run", "--data", str(root / "world" / "dev.jsonl"), "--out", str(root / "openai-run"),
-            "--max_questions", "4", "--engine.kind", "openai", "--engine.base_url", f"http://127.0.0.1:{port}/v1",
+            "--max_questions", "4", "--engine.kind", "openai", "--engine.base_url", server.base_url,
             "--engine.model", str(model), "--env.max_steps", "3", "--env.max_step_tokens", "48",
             "--retrieval.config", str(root / "retriever.yaml"),
         )  # fmt: skip
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
     assert result.returncode == 0, result.stderr[-3000:]
     _check_rows(root / "openai-run", 4)
     assert json_field(root / "openai-run" / "run.json", "chat_template") == "server"

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from conftest import run_r3rag, shared_dataset
 
-from r3_env.coldstart.evidence import EvidenceError, evidence_hops
+from r3_env.coldstart.evidence import EvidenceError, Hop, aimed_hops, evidence_hops
 from r3_env.data import QAItem, iter_jsonl, read_dataset
 from r3_env.protocol import get_format
 from r3_env.records import turns_of
@@ -89,23 +89,39 @@ def test_synthesis_keeps_exactly_the_chains_whose_every_step_retrieved_its_gold(
     rows = [row for _, row in iter_jsonl(out / "samples.jsonl")]
     assert len(rows) == 40
     kept = {row["question_id"] for _, row in iter_jsonl(out / "trajectories.jsonl")}
+    skipped = 0
     for row in rows:
         hops = evidence_hops(items[row["question_id"]])
         steps = row["steps"]
-        queries = [s["query"] for s in steps if "query" in s]
-        assert queries == [h.query for h in hops][: len(queries)]  # the steps follow the annotation
         searched = [s for s in steps if "query" in s]
-        hit = [h.gold_id in {d["id"] for d in s["documents"]} for h, s in zip(hops, searched, strict=False)]
-        if row["question_id"] in kept:  # kept: every hop brought back its gold paragraph within top-k
-            assert len(queries) == len(hops) and all(hit) and steps[-1]["answer"] == row["golden_answers"][0]
+        shown = [{d["id"] for d in s["documents"]} for s in searched]
+        aimed, remaining = aimed_hops(hops, shown)
+        # the steps follow the annotation, leaving out the hops an earlier step's documents already answered
+        assert [s["query"] for s in searched] == [h.query for h in aimed]
+        order = [hops.index(h) for h in aimed]
+        assert order == sorted(set(order))  # in the annotation's order, each hop at most once
+        hit = [h.gold_id in documents for h, documents in zip(aimed, shown, strict=True)]
+        skipped += len(hops) - len(remaining) - len(aimed)
+        if row["question_id"] in kept:  # kept: every step brought back the gold paragraph it aimed at
+            assert all(hit) and not remaining and steps[-1]["answer"] == row["golden_answers"][0]
             # and the trajectory round-trips through the protocol
             for turn in turns_of(row, "row"):
                 assert R3.parse_step(R3.render_step(turn.step)) == turn.step
-        else:  # rejected: the first hop whose gold was missed ends it with "unknown"
-            assert not all(hit) and len(queries) == hit.index(False) + 1 and steps[-1]["answer"] == "unknown"
+        else:  # rejected: the first step that missed its gold ends it with "unknown"
+            assert hit[-1] is False and all(hit[:-1]) and steps[-1]["answer"] == "unknown"
+    if name == "2wikimultihopqa":  # a hop whose paragraph an earlier step showed is left out
+        assert skipped > 0
     (summary,) = json.loads((out / "summary.json").read_text())["datasets"].values()
     assert summary["trajectories"] == len(kept) > 0
     if topk == 1:  # top-1 misses some gold paragraphs: those chains are rejected
         assert len(kept) < 40
     if "by_type" in summary:
         assert sum(t["questions"] for t in summary["by_type"].values()) == 40
+
+
+def test_a_step_aims_at_the_first_hop_no_earlier_step_showed():
+    hops = [Hop("a", "1", "a"), Hop("b", "2", "b"), Hop("c", "3", "c")]
+    assert aimed_hops(hops, []) == ([], hops)
+    assert aimed_hops(hops, [{"1", "2"}]) == ([hops[0]], [hops[2]])  # step 1 also answered hop b: c is next
+    assert aimed_hops(hops, [{"1", "2"}, {"3"}]) == ([hops[0], hops[2]], [])
+    assert aimed_hops(hops, [{"9"}, {"1"}]) == ([hops[0], hops[0]], [hops[1], hops[2]])  # a miss aims again

@@ -13,9 +13,10 @@ retrieval step aimed at one gold paragraph (:func:`evidence_hops`):
   the first gold paragraph names (the other supporting title).
 
 :class:`EvidenceTeacher` writes those steps in varied wordings and answers with the golden answer once
-every hop's paragraph was shown. It applies Algorithm 1's rejection to retrieval: when a step's
-documents miss its gold paragraph it gives up (answers "unknown"), so rejection sampling drops the
-trajectory and the acceptance rate measures how often the annotated chain is retrievable step by step.
+every hop's paragraph was shown; a hop whose paragraph an earlier step already showed is skipped
+(:func:`aimed_hops`). It applies Algorithm 1's rejection to retrieval: when a step's documents miss
+its gold paragraph it gives up (answers "unknown"), so rejection sampling drops the trajectory and
+the acceptance rate measures how often the annotated chain is retrievable step by step.
 """
 
 from __future__ import annotations
@@ -188,6 +189,20 @@ FINAL = (
 MISSED = "The documents for my last query do not contain what I needed, and I cannot go on from them."
 
 
+def aimed_hops(hops: Sequence[Hop], shown_per_step: Sequence[set[str]]) -> tuple[list[Hop], list[Hop]]:
+    """(the hop each step aimed at, the hops still to retrieve) after steps that showed ``shown_per_step``.
+
+    A step aims at the first hop whose gold paragraph no earlier step showed: a hop that an earlier
+    step's documents already answered is skipped, as a policy reading those documents would.
+    """
+    shown: set[str] = set()
+    aimed = []
+    for documents in shown_per_step:
+        aimed.append(next(hop for hop in hops if hop.gold_id not in shown))
+        shown |= documents
+    return aimed, [hop for hop in hops if hop.gold_id not in shown]
+
+
 class EvidenceTeacher(PlanningTeacher):
     """Writes the annotated chain one step at a time; gives up when a step's gold paragraph was not retrieved."""
 
@@ -197,16 +212,17 @@ class EvidenceTeacher(PlanningTeacher):
         hops = evidence_hops(request.item)
         turns = request.turns
         rng = self.rng(request)
-        if turns and hops[len(turns) - 1].gold_id not in {doc.id for doc in turns[-1].documents}:
+        aimed, remaining = aimed_hops(hops, [{doc.id for doc in turn.documents} for turn in turns])
+        if turns and aimed[-1].gold_id not in {doc.id for doc in turns[-1].documents}:
             return Step("", answer="unknown", reflection=MISSED)  # rejected: this step's gold was not retrieved
-        if len(turns) == len(hops):
+        if not remaining:
             facts = "; ".join(hop.fact for hop in hops if hop.fact)
             answer = request.item.golden_answers[0]
             final = rng.choice(FINAL).format(facts=f" ({facts})" if facts else "", answer=answer)
             return Step("", answer=answer, reflection=final)
-        if len(hops) - len(turns) >= request.max_steps - len(turns):  # the chain does not fit the step budget
+        if len(remaining) >= request.max_steps - len(turns):  # the chain does not fit the retrieval budget
             return Step("The chain of evidence is longer than the steps I may take.", answer="unknown")
-        hop = hops[len(turns)]
+        hop = remaining[0]
         if not turns:
             return Step(rng.choice(OPENINGS).format(need=hop.need), query=hop.query)
         reflection, plan = rng.choice(FOUND)

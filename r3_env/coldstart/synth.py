@@ -35,7 +35,7 @@ from r3_env.coldstart.teacher import Teacher, TeacherConfig, TeacherError, Teach
 from r3_env.data import JsonlWriter, existing_ids, iter_jsonl, write_jsonl
 from r3_env.env import EnvConfig, RetrievalEnv
 from r3_env.protocol import MessageRenderer, get_format
-from r3_env.records import episode_fields, play
+from r3_env.records import episode_fields, play, turns_of
 from r3_env.retrieval.base import Hit
 from r3_env.retrieval.client import RetrievalServiceError
 from r3_env.reward_client import AsyncRewardClient, RewardServiceError, check_answer
@@ -103,13 +103,39 @@ SECTIONS += [("judge.", JudgeConfig)]
 
 
 def fingerprint(config: SynthConfig, env: EnvConfig, teacher: TeacherConfig) -> dict[str, Any]:
-    """The settings that change what a sample means; a resumed run must not mix in others."""
+    """The settings that change what a sample means; a resumed run must not mix in others.
+
+    Few-shot settings count only when set, so runs recorded before they existed still resume.
+    """
+    keys = ["kind", "model", "seed", "detour_rate", "max_tokens"]
+    if teacher.few_shot:
+        keys += ["few_shot", "few_shot_count"]
     return {
         "env": asdict(env),
         "step_format": config.step_format,
         "temperatures": config.temperature_list(),
-        "teacher": {key: getattr(teacher, key) for key in ("kind", "model", "seed", "detour_rate", "max_tokens")},
+        "teacher": {key: getattr(teacher, key) for key in keys},
     }
+
+
+def few_shot_messages(path: str, count: int, renderer: MessageRenderer) -> list[dict[str, str]]:
+    """The first ``count`` trajectories of ``path`` as whole conversations (their system prompt left out), to
+    stand before each question's own conversation."""
+    messages: list[dict[str, str]] = []
+    for number, row in iter_jsonl(path):
+        if number > count:
+            break
+        turns = renderer.format.express_turns(turns_of(row, f"{path}:{number}"))
+        messages += [m for m in renderer.messages(row["question"], turns) if m["role"] != "system"]
+    if not messages:
+        raise ValueError(f"teacher.few_shot: {path} holds no trajectory")
+    return messages
+
+
+def with_examples(messages: list[dict[str, str]], examples: list[dict[str, str]]) -> list[dict[str, str]]:
+    """``messages`` with the example conversations after its system prompt (or first, when it has none)."""
+    head = 1 if messages and messages[0]["role"] == "system" else 0
+    return [*messages[:head], *examples, *messages[head:]]
 
 
 class Synthesizer:
@@ -122,9 +148,11 @@ class Synthesizer:
         teacher: Teacher,
         retriever: Any,
         judge: AsyncRewardClient | None = None,
+        few_shot: tuple[str, int] | None = None,
     ) -> None:
         self.config, self.env, self.teacher = config, env, teacher
         self.renderer = MessageRenderer(config.step_format, doc_chars=env.doc_chars)
+        self.examples = few_shot_messages(*few_shot, self.renderer) if few_shot else []
         self.temperatures = config.temperature_list()
         self._search = Coalescer(
             lambda queries: retriever.search(queries, env.topk), 64, 0.005, "retrieval", RetrievalServiceError
@@ -145,6 +173,7 @@ class Synthesizer:
         env = RetrievalEnv(self.env, self.renderer, self.search, item.question)
 
         async def write(messages: list[dict[str, str]], turns: list) -> ChatReply:
+            messages = with_examples(messages, self.examples)
             return await self.teacher.next_step(
                 TeacherRequest(messages, temperature, item, turns, index, self.env.max_steps)
             )
@@ -311,7 +340,8 @@ async def synthesize(
 
     started = time.perf_counter()
     try:
-        synth = Synthesizer(config, env, teacher, retriever, client)
+        few_shot = (teacher_config.few_shot, teacher_config.few_shot_count) if teacher_config.few_shot else None
+        synth = Synthesizer(config, env, teacher, retriever, client, few_shot)
         with JsonlWriter(samples_path) as writer:
             await _run(synth, todo, writer, stats, config)
     finally:

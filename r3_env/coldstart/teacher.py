@@ -15,6 +15,7 @@ import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from r3_env.chat_client import ChatEndpointError, ChatReply, OpenAIChat
@@ -52,8 +53,24 @@ class TeacherConfig:
         default=0.15, metadata={"help": "scripted: share of trajectories that start with a too-broad query"}
     )
     seed: int = field(default=0, metadata={"help": "scripted: random seed of wording and detours"})
+    few_shot: str = field(
+        default="",
+        metadata={
+            "help": "openai: a trajectories.jsonl (e.g. the scripted or evidence teacher's) whose first few_shot_count "
+            "trajectories the teacher sees as earlier conversations: few-shot prompting for a small teacher model"
+        },
+    )
+    few_shot_count: int = field(default=2, metadata={"help": "openai: example trajectories shown (with few_shot)"})
 
     def __post_init__(self) -> None:
+        if self.few_shot and self.kind != "openai":
+            raise ValueError(f"teacher.few_shot prompts a model; teacher.kind {self.kind} writes its own steps")
+        if self.few_shot and not Path(self.few_shot).is_file():
+            raise ValueError(
+                f"teacher.few_shot: {self.few_shot} does not exist; give a trajectories.jsonl of r3rag coldstart synth"
+            )
+        if self.few_shot_count < 1:
+            raise ValueError(f"teacher.few_shot_count must be at least 1, got {self.few_shot_count}")
         if self.kind == "openai" and not (self.base_url and self.model):
             raise ValueError(
                 "teacher.kind openai needs teacher.base_url (e.g. https://api.deepseek.com/v1) and teacher.model"
