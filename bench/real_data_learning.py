@@ -64,11 +64,15 @@ def eval_files(demo: Demo) -> dict[str, Path]:
 
 
 def oracle(demo: Demo, retriever_url: str) -> dict[str, dict[str, float]]:
-    """The evidence teacher on the eval part: retrieval's upper bound (its answers are the gold ones)."""
-    from eval.metrics import aggregate, question_metrics
+    """The evidence teacher on the eval part: retrieval's upper bound (its answers are the gold ones).
+
+    Its samples are scored as evaluation rows (``eval.score.score_rows``), a question whose sample
+    failed counting as missing, as in the policies' runs.
+    """
+    from eval.score import score_rows
     from r3_env.coldstart.synth import SynthConfig, synthesize
     from r3_env.coldstart.teacher import TeacherConfig
-    from r3_env.data import iter_jsonl, read_dataset
+    from r3_env.data import iter_jsonl, read_dataset, read_label
     from r3_env.env import EnvConfig
     from r3_env.runs import RetrievalSource
 
@@ -77,16 +81,17 @@ def oracle(demo: Demo, retriever_url: str) -> dict[str, dict[str, float]]:
     config = SynthConfig(data=demo.data.eval, out=str(folder), samples=1, max_questions=demo.budget.eval_questions)
     asyncio.run(synthesize(config, EnvConfig(**demo.env), TeacherConfig(kind="evidence"),
                            RetrievalSource(url=retriever_url)))  # fmt: skip
-    gold = {item.id: item.metadata["supporting_passage_ids"] for f in files.values() for item in read_dataset(f)}
-    per_dataset: dict[str, list] = {name: [] for name in files}
-    for _, row in iter_jsonl(folder / "samples.jsonl"):
-        row = {**row, "gold_ids": gold[row["question_id"]], "prediction": row.get("answer") or ""}
-        per_dataset[row["dataset"]].append(question_metrics(row, demo.env["max_steps"], None))
-    return {
-        name: {"em": None, "f1": None, "full_recall": aggregate(rows)["full_recall"],
-               "docs": aggregate(rows)["avg_docs"], "questions": len(rows)}
-        for name, rows in per_dataset.items()
-    }  # fmt: skip
+    asked, gold = {}, {}
+    for name, path in files.items():
+        items = read_dataset(path)[: demo.budget.eval_questions or None]
+        asked[name] = len(items)
+        gold.update({(name, item.id): read_label(item.to_json()).gold_ids for item in items})
+    rows = [
+        {**row, "gold_ids": gold[(row["dataset"], row["question_id"])], "prediction": row.get("answer") or ""}
+        for _, row in iter_jsonl(folder / "samples.jsonl")
+    ]
+    body, _ = score_rows(rows, [demo.env["max_steps"]], None, asked=asked)
+    return {name: {**cell, "em": None, "f1": None} for name, cell in cells(body).items()}
 
 
 def extra_rows(demo: Demo, args: argparse.Namespace, trained: dict[str, dict[str, float]]) -> dict[str, dict]:

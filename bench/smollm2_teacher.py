@@ -74,7 +74,7 @@ def main() -> None:
                 started = time.perf_counter()
                 summary, stats = asyncio.run(synthesize(config, env, teacher, retrieval))
                 (dataset,) = summary["datasets"].values()
-                results[count] = {**dataset, "wall_s": time.perf_counter() - started, "sampled_now": stats.done}
+                results[count] = {**dataset, "wall_s": time.perf_counter() - started, "resumed": stats.skipped > 0}
     (out / "smollm2_teacher.json").write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nSmolLM2-135M-Instruct as Algorithm 1's teacher: {args.questions} world train questions x "
           f"{args.samples} samples (temperatures 0.8, 0.6, ...), BM25, the demo's episode rules")  # fmt: skip
@@ -82,11 +82,11 @@ def main() -> None:
           f"{'steps kept':>12}{'prompt tok/req':>16}{'out tok/s':>11}")  # fmt: skip
     for count, d in results.items():
         shares = {k: v / d["samples"] for k, v in d["outcomes"].items()}
-        rate = d["completion_tokens"] / d["wall_s"] if d["sampled_now"] else float("nan")
+        rate = float("nan") if d["resumed"] else d["completion_tokens"] / d["wall_s"]
         print(f"{count:>6}{d['acceptance_rate']:>10.1%}{shares.get('correct', 0):>9.1%}{shares.get('wrong', 0):>8.1%}"
               f"{shares.get('no_answer', 0):>11.1%}{shares.get('format_error', 0):>12.1%}{d['mean_steps_kept']:>12.2f}"
               f"{d['prompt_tokens'] / max(d['requests'], 1):>16.0f}{rate:>11.1f}")  # fmt: skip
-    print("(out tok/s: this run's completion tokens over its wall time; nan when every sample was already done)")
+    print("(out tok/s: completion tokens over the run's wall time; nan for a run that resumed earlier samples)")
 
 
 if __name__ == "__main__":

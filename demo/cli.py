@@ -16,9 +16,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         [("", DemoConfig)],
         run,
         help="train a tiny policy end to end on CPU (world, services, cold start, SFT, PPO, evaluation, report)",
-        description="Runs the whole pipeline on the synthetic world and writes OUT/report.html: the untrained, "
-        "SFT and PPO policies side by side, the training curves and every evaluated trajectory. About 9 minutes "
-        "on 2 CPU cores with the tiny model (--quick: 1.5). Rerun to resume after an interruption.",
+        description="Runs the whole pipeline on the synthetic world (with --data, on real questions split by id) and "
+        "writes OUT/report.html: the untrained, SFT and PPO policies side by side, the training curves and every "
+        "evaluated trajectory. About 9 minutes on 2 CPU cores with the tiny model (--quick: 1.5). Rerun to resume "
+        "after an interruption.",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace a demo run with other settings in --out")
 

@@ -239,8 +239,9 @@ class DemoConfig:
                 f"vllm_python: {self.vllm_python} does not exist; run `bash scripts/setup_vllm.sh` (vLLM's CPU build) "
                 "or pass --vllm_python PYTHON of an env with vLLM and r3rag, or use --eval_engine hf"
             )
-        if self.eval_engine == "vllm":
-            object.__setattr__(self, "vllm_python", str(Path(self.vllm_python).absolute()))
+        # where the vLLM env lives is no setting of the run: recorded only when it is used
+        used = self.eval_engine == "vllm"
+        object.__setattr__(self, "vllm_python", str(Path(self.vllm_python).absolute()) if used else "")
         if self.data:
             if not Path(self.data).is_dir():
                 raise ValueError(f"data: {self.data} is not a folder of FlashRAG samples (e.g. ../shared/data)")
@@ -304,6 +305,8 @@ ENV = {
 # (the evidence teacher keeps 89% of 2Wiki's chains at two and the steps' prompts stay short on
 # CPU), and 128 tokens per step (the teacher's longest step is 120 with SmolLM2's tokenizer).
 REAL_ENV = {**ENV, "docs_per_step": 2, "doc_chars": 300, "max_step_tokens": 128}
+# Context tokens of an evaluation's engine, HF or vLLM alike (a transcript stays under 3,072, PPO's max_len).
+MAX_MODEL_LEN = 4096
 # The tiny policy: 4 layers learn the step format within the budget where 2 do not (measured).
 MODEL = {"vocab_size": 2048, "hidden_size": 128, "layers": 4, "heads": 4, "kv_heads": 2, "intermediate_size": 512}
 
@@ -347,8 +350,9 @@ class Demo:
         previous.setdefault("recipe", "r3")  # and before --recipe and --scheme
         previous.setdefault("scheme", "")
         previous.setdefault("lora_rank", 0)
+        defaults = dataclasses.asdict(DemoConfig())
         for key in ("sft_lr", "actor_lr", "data", "eval_engine", "vllm_python"):  # and before these
-            previous.setdefault(key, dataclasses.asdict(DemoConfig())[key])
+            previous.setdefault(key, defaults[key])
         if previous == dataclasses.asdict(self.config):
             return
         if not overwrite:
@@ -548,7 +552,7 @@ class Demo:
             from r3_env.env import EnvConfig
             from r3_env.runs import RetrievalSource
 
-            engine = EngineConfig(kind="hf", model=str(policy), dtype="float32")
+            engine = EngineConfig(kind="hf", model=str(policy), dtype="float32", max_model_len=MAX_MODEL_LEN)
             asyncio.run(
                 run_eval(
                     EvalRunConfig(**settings), EnvConfig(**self.env), engine, GenerationConfig(),
@@ -560,7 +564,7 @@ class Demo:
         return scores
 
     def _evaluate_in_vllm_env(self, settings: dict[str, Any], policy: Path, retriever: str) -> None:
-        """``r3rag eval run --engine.kind vllm`` in the vLLM env, with vLLM's CPU settings for two cores."""
+        """``r3rag eval run --engine.kind vllm`` in the vLLM env, with vLLM's CPU settings (:func:`vllm_cpu_env`)."""
         import os
         import subprocess
 
@@ -568,7 +572,7 @@ class Demo:
         flags += [f"--env.{key}={value}" for key, value in self.env.items() if not isinstance(value, bool)]
         flags += [f"--{'' if value else 'no-'}env.{key}" for key, value in self.env.items() if isinstance(value, bool)]
         engine = ["--engine.kind=vllm", f"--engine.model={policy}", "--engine.dtype=float32", "--engine.enforce_eager",
-                  "--engine.max_model_len=4096", f"--retrieval.url={retriever}"]  # fmt: skip
+                  f"--engine.max_model_len={MAX_MODEL_LEN}", f"--retrieval.url={retriever}"]  # fmt: skip
         command = [self.config.vllm_python, "-m", "r3_env.cli", "-q", "eval", "run", *flags, *engine]
         log = Path(settings["out"]).with_suffix(".vllm.log")
         log.parent.mkdir(parents=True, exist_ok=True)

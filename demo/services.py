@@ -91,9 +91,12 @@ class ServiceProcess:
 
 
 def vllm_cpu_env() -> dict[str, str]:
-    """vLLM's CPU build on this machine: every core computes (by default one is reserved), 2 GiB of KV cache."""
+    """vLLM's CPU build on this machine: every core this process may use computes (by default vLLM reserves
+    one, which leaves a single core computing on two), and 2 GiB of KV cache."""
+    cores = sorted(os.sched_getaffinity(0))
+    contiguous = cores == list(range(cores[0], cores[-1] + 1))
     return {
-        "VLLM_CPU_OMP_THREADS_BIND": f"0-{(os.cpu_count() or 1) - 1}",
+        "VLLM_CPU_OMP_THREADS_BIND": f"{cores[0]}-{cores[-1]}" if contiguous else ",".join(map(str, cores)),
         "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
         "VLLM_CPU_KVCACHE_SPACE": "2",
     }

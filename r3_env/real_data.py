@@ -67,10 +67,18 @@ class RealData:
 
 
 def _prefixed(item: QAItem, dataset: str) -> QAItem:
+    """The item with every passage id its metadata names prefixed (lists of ids, and a decomposition's
+    ``passage_id``; MuSiQue's ``paragraph_support_idx`` indexes ``context_passage_ids`` and stays)."""
     metadata = dict(item.metadata)
     for key in PASSAGE_ID_KEYS:
         if isinstance(metadata.get(key), list):
             metadata[key] = [f"{dataset}/{pid}" for pid in metadata[key]]
+    if isinstance(metadata.get("question_decomposition"), list):
+        metadata["question_decomposition"] = [
+            {**hop, "passage_id": f"{dataset}/{hop['passage_id']}"} if isinstance(hop, dict) and "passage_id" in hop
+            else hop
+            for hop in metadata["question_decomposition"]
+        ]  # fmt: skip
     return QAItem(item.id, item.question, item.golden_answers, metadata, item.extra)
 
 
@@ -111,7 +119,10 @@ def prepare_real_data(source: Path, out: Path, datasets: Sequence[str] = DATASET
         previous = json.loads(record.read_text())
         if previous.get("settings") == settings:
             return prepared
-        raise ValueError(f"{out} holds data prepared with other settings ({record}): choose another folder")
+        raise ValueError(
+            f"{out} holds data prepared with other settings or from source files that changed since ({record}): "
+            f"delete {out} to prepare it again (a demo's data is OUT/data), or choose another folder"
+        )
 
     passages = (
         Passage(f"{name}/{passage.id}", passage.contents)

@@ -122,8 +122,8 @@ def few_shot_messages(path: str, count: int, renderer: MessageRenderer) -> list[
     """The first ``count`` trajectories of ``path`` as whole conversations (their system prompt left out), to
     stand before each question's own conversation."""
     messages: list[dict[str, str]] = []
-    for number, row in iter_jsonl(path):
-        if number > count:
+    for shown, (number, row) in enumerate(iter_jsonl(path)):
+        if shown == count:
             break
         turns = renderer.format.express_turns(turns_of(row, f"{path}:{number}"))
         messages += [m for m in renderer.messages(row["question"], turns) if m["role"] != "system"]
