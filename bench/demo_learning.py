@@ -1,11 +1,15 @@
 """Does the demo learn? Dev EM and mean episode reward of the untrained, SFT and PPO policies, over seeds.
 
-    python bench/demo_learning.py [--seeds 0,1,2] [--model tiny-random] [--quick] [--out bench_out/demo_learning]
+    python bench/demo_learning.py [--seeds 0,1,2] [--model tiny-random] [--quick] [--hotpotqa 50]
+        [--out bench_out/demo_learning]
 
 Runs ``r3rag demo`` once per seed into OUT/seedS (a rerun resumes), then scores each policy's
 greedy episodes on the same dev questions through the agent, with the training reward (the r3
 scheme, the lexical judge behind the reward server), and prints mean and spread over seeds. EM
-comes from the demo's own evaluation runs. Results go to OUT/demo_learning.json too.
+comes from the demo's own evaluation runs. With ``--hotpotqa N`` (and ../shared/data), each
+policy also answers the first N questions of the shared HotpotQA sample over a BM25 index of its
+paragraphs: what the world's training transfers to real questions. Results go to
+OUT/demo_learning.json too.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from demo.run import ENV, Demo, DemoConfig  # noqa: E402
+from demo.services import ServiceProcess  # noqa: E402
 
 POLICIES = ("untrained", "sft", "ppo")
 
@@ -33,11 +38,37 @@ def policy_rewards(demo: Demo) -> dict[str, dict[str, float]]:
     from r3_env.train.ppo import evaluate_rewards
 
     items = read_dataset(demo.paths["world"] / "dev.jsonl")[: demo.budget.eval_questions]
-    folders = {"untrained": demo.paths["policy0"], "sft": demo.paths["sft_policy"], "ppo": demo.paths["ppo_policy"]}
+    folders = policy_folders(demo)
     with demo.serving() as (retriever_url, reward_url):
         urls = {"retriever_url": retriever_url, "reward_url": reward_url}
         rollout = RolloutConfig.from_dict({"env": ENV, "reward": {"scheme": "r3"}, "services": urls})
         return {name: evaluate_rewards(str(folder), items, rollout) for name, folder in folders.items()}
+
+
+def hotpotqa_scores(demo: Demo, folders: dict[str, Path], data: Path, questions: int) -> dict[str, dict]:
+    """EM and F1 of each policy on the shared HotpotQA sample, the world's episode rules, BM25 over its paragraphs."""
+    import yaml
+
+    from r3_env.retrieval.index_builder import IndexBuildConfig, build_index
+
+    index = build_index(IndexBuildConfig(corpus_path=str(data / "corpus.jsonl"), save_dir=str(demo.out / "hotpotqa")))
+    config = demo.out / "hotpotqa" / "retriever.yaml"
+    config.write_text(yaml.safe_dump({"retrieval_method": "bm25", "index_path": str(index)}))
+    with (
+        ServiceProcess(["retriever", "serve", "--config", str(config)]) as retriever,
+        ServiceProcess(["reward", "serve", "--config", str(demo.out / "services" / "reward.yaml")]) as reward,
+    ):
+        results = {}
+        for name, folder in folders.items():
+            scores = demo.evaluate(f"hotpotqa_{name}", folder, str(data / "dev.jsonl"), retriever.url, reward.url,
+                                   max_questions=questions)  # fmt: skip
+            final = scores["datasets"]["hotpotqa"]["final"]
+            results[name] = {"em": final["em"], "f1": final["f1"]}
+    return results
+
+
+def policy_folders(demo: Demo) -> dict[str, Path]:
+    return {"untrained": demo.paths["policy0"], "sft": demo.paths["sft_policy"], "ppo": demo.paths["ppo_policy"]}
 
 
 def main() -> None:
@@ -45,8 +76,13 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--model", default="tiny-random", help="the demo's --model")
     parser.add_argument("--quick", action="store_true", help="the --quick demo budget")
+    parser.add_argument("--hotpotqa", type=int, default=0, help="also answer this many shared HotpotQA questions")
+    parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data"), help="the shared samples' folder")
     parser.add_argument("--out", default="bench_out/demo_learning")
     args = parser.parse_args()
+    hotpotqa = Path(args.data) / "hotpotqa"
+    if args.hotpotqa and not (hotpotqa / "dev.jsonl").is_file():
+        sys.exit(f"--hotpotqa needs the shared HotpotQA sample: {hotpotqa}/dev.jsonl is missing (--data)")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     out = Path(args.out)
     rows = []
@@ -55,6 +91,7 @@ def main() -> None:
         demo = Demo(DemoConfig(out=str(out / f"seed{seed}"), model=args.model, seed=seed, quick=args.quick))
         results = demo.run()
         rewards = policy_rewards(demo)
+        real = hotpotqa_scores(demo, policy_folders(demo), hotpotqa, args.hotpotqa) if args.hotpotqa else {}
         for name in POLICIES:
             rows.append(
                 {
@@ -66,11 +103,13 @@ def main() -> None:
                     "reward": rewards[name]["reward"],
                     "format_error": rewards[name]["format_error"],
                     "correct": rewards[name]["correct"],
+                    **{f"hotpotqa_{key}": value for key, value in real.get(name, {}).items()},
                 }
             )
         print(f"seed {seed}: demo and reward evaluation in {time.perf_counter() - started:.0f} s", flush=True)
     (out / "demo_learning.json").write_text(json.dumps(rows, indent=2) + "\n")
-    print(f"\n{'policy':<11}{'dev EM %':>16}{'dev F1 %':>16}{'mean reward':>18}{'format errors %':>18}")
+    extra = f"{'HotpotQA EM %':>16}{'HotpotQA F1 %':>16}" if args.hotpotqa else ""
+    print(f"\n{'policy':<11}{'dev EM %':>16}{'dev F1 %':>16}{'mean reward':>18}{'format errors %':>18}{extra}")
     for name in POLICIES:
         mine = [r for r in rows if r["policy"] == name]
 
@@ -82,8 +121,12 @@ def main() -> None:
         print(
             f"{name:<11}{spread('em', 100):>16}{spread('f1', 100):>16}{spread('reward'):>18}"
             f"{spread('format_error', 100):>18}"
+            + (f"{spread('hotpotqa_em', 100):>16}{spread('hotpotqa_f1', 100):>16}" if args.hotpotqa else "")
         )
-    print(f"({len(rows) // len(POLICIES)} seeds; mean ± standard deviation over seeds)")
+    print(
+        f"({len(rows) // len(POLICIES)} seeds; mean ± standard deviation over seeds"
+        + (f"; HotpotQA: the first {args.hotpotqa} questions of the shared sample)" if args.hotpotqa else ")")
+    )
 
 
 if __name__ == "__main__":

@@ -248,7 +248,7 @@ def real_data_demo(tmp_path_factory, smollm2_tokenizer):
         shared_dataset(name)
     root = tmp_path_factory.mktemp("real-data-demo")
     model = save_tiny_causal_lm(root / "tiny", smollm2_tokenizer, heads=2, head_dim=64, kv_heads=1)
-    out = root / "out"
+    out = root / "bench" / "demo"  # where bench/real_data_learning.py --out ROOT/bench keeps its demo
     result = run_r3rag("demo", "--data", str(SHARED_DATA), "--model", str(model), "--quick", "--out", str(out),
                        timeout=900)  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
@@ -314,3 +314,40 @@ def test_a_real_data_evaluation_through_vllms_cpu_build(real_data_demo):
     assert sorted(row["id"] for row in rows) == sorted(row["id"] for row in hf)  # the same questions as HF's run
     assert all(row["usage"]["completion_tokens"] >= 1 for row in rows)
     assert set(scores["datasets"]) == set(SHARED_DATASETS)
+
+
+@pytest.mark.slow
+def test_the_real_data_bench_prints_every_row(real_data_demo):
+    """bench/real_data_learning.py resumes the finished demo, then adds the baselines and the oracle."""
+    import subprocess
+    import sys
+
+    out = real_data_demo["out"]
+    command = [
+        sys.executable,
+        str(ROOT / "bench" / "real_data_learning.py"),
+        "--data",
+        str(SHARED_DATA),
+        "--model",
+        str(real_data_demo["model"]),
+        "--lora_rank",
+        "0",
+        "--quick",
+        "--baselines",
+        "--out",
+        str(out.parent),
+    ]
+    printed = subprocess.run(command, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert printed.returncode == 0, printed.stderr[-4000:]
+    table = json.loads((out.parent / "real_data_learning.json").read_text())
+    rows = ["single-shot BM25 @K", "zero-shot (untrained)", "SFT", "SFT + PPO", "CoT (no retrieval)",
+            "naive RAG top-5", "naive RAG top-16", "evidence-chain oracle"]  # fmt: skip
+    assert list(table) == rows and all(label in printed.stdout for label in rows)
+    for label in rows:
+        assert set(table[label]) == set(SHARED_DATASETS) and all(c["questions"] == 3 for c in table[label].values())
+    for name, cell in table["single-shot BM25 @K"].items():  # K matches the PPO policy's documents per question
+        assert cell["k"] == max(1, int(table["SFT + PPO"][name]["docs"] + 0.5)) and cell["docs"] == cell["k"]
+    assert all(cell["docs"] == 16 for cell in table["naive RAG top-16"].values())
+    oracle = table["evidence-chain oracle"]
+    assert all(c["em"] is None and 0 <= c["full_recall"] <= 1 and c["docs"] > 0 for c in oracle.values())
+    assert sum(c["full_recall"] for c in oracle.values()) > 0  # the annotated chains find gold paragraphs
