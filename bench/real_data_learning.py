@@ -1,7 +1,8 @@
 """Does a small real model learn step-by-step retrieval on real questions it never saw?
 
     python bench/real_data_learning.py [--data ../shared/data] [--model smollm2-135m-instruct] [--lora_rank 16]
-        [--eval_engine vllm] [--baselines] [--transfer POLICY] [--quick] [--out bench_out/real_data_learning]
+        [--eval_engine vllm] [--baselines] [--transfer POLICY] [--ppo_actor_lrs 1e-4] [--quick]
+        [--out bench_out/real_data_learning]
 
 Runs ``r3rag demo --data DATA`` into OUT/demo (a rerun resumes): one BM25 index over the union of the
 samples' paragraphs, the fixed split by question id (``r3_env.real_data``), the evidence teacher's
@@ -15,7 +16,9 @@ untrained (zero-shot), SFT and PPO policies on the eval part. Then, on the same 
   (retrieval's upper bound; it knows the answer, so it has no EM or F1);
 - ``--baselines`` (issue 13's table): CoT without retrieval, naive RAG top-5 and top-16, all with
   the untrained model; ``--transfer POLICY``: a policy trained elsewhere (the synthetic world's
-  SFT+PPO checkpoint) in the r3 format.
+  SFT+PPO checkpoint) in the r3 format;
+- ``--ppo_actor_lrs 1e-4,...``: PPO again from the same SFT policy with each other actor learning
+  rate, everything else the demo's (OUT/demo/train_ppo_lrX), evaluated the same way.
 
 Prints EM, F1, Full-Recall and unique documents read per dataset (in %, documents as a count), and
 writes OUT/real_data_learning.json.
@@ -118,8 +121,27 @@ def extra_rows(demo: Demo, args: argparse.Namespace, trained: dict[str, dict[str
             rows["transfer (world SFT+PPO)"] = cells(
                 demo.evaluate("transfer", Path(args.transfer).resolve(), demo.data.eval, *urls)
             )
+        for lr in [float(v) for v in args.ppo_actor_lrs.split(",") if v.strip()]:
+            rows[f"SFT + PPO, actor lr {lr:g}"] = ppo_again(demo, lr, urls)
         rows["evidence-chain oracle"] = oracle(demo, urls[0])
     return rows
+
+
+def ppo_again(demo: Demo, actor_lr: float, urls: tuple[str, str]) -> dict[str, dict[str, float]]:
+    """PPO from the demo's SFT policy with another actor learning rate (the demo's other settings), evaluated."""
+    from r3_env.config import configs_from_values
+    from r3_env.train.config import SECTIONS
+    from r3_env.train.local import LocalTrainConfig, train_local
+
+    name = f"ppo_lr{actor_lr:g}"
+    values = json.loads((demo.out / "train" / "config.json").read_text())
+    values = {**values.pop("run"), **values, "out": str(demo.out / f"train_{name}")}
+    values["model"]["policy"] = str(demo.paths["sft_policy"])
+    values["sft"]["data"] = ""  # PPO only, from the SFT policy
+    values["ppo"]["actor_lr"] = actor_lr
+    values["services"].update(retriever_url=urls[0], reward_url=urls[1])
+    policy = train_local(LocalTrainConfig.from_sections(*configs_from_values(values, SECTIONS, where=name)))["ppo"]
+    return cells(demo.evaluate(name, policy, demo.data.eval, *urls))
 
 
 def fmt(value: float | None, scale: float = 100.0, width: int = 7) -> str:
@@ -127,11 +149,11 @@ def fmt(value: float | None, scale: float = 100.0, width: int = 7) -> str:
 
 
 def print_table(rows: dict[str, dict[str, dict]], datasets: list[str]) -> None:
-    header = f"{'':<28}" + "".join(f"{name:^29}" for name in datasets)
+    header = f"{'':<32}" + "".join(f"{name:^29}" for name in datasets)
     print(header)
-    print(f"{'':<28}" + f"{'EM':>7}{'F1':>7}{'Full':>8}{'docs':>7}" * len(datasets))
+    print(f"{'':<32}" + f"{'EM':>7}{'F1':>7}{'Full':>8}{'docs':>7}" * len(datasets))
     for label, by_dataset in rows.items():
-        line = f"{label:<28}"
+        line = f"{label:<32}"
         for name in datasets:
             c = by_dataset.get(name)
             if c is None:
@@ -157,6 +179,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--baselines", action="store_true", help="CoT and naive RAG top-5/16 rows (issue 13)")
     parser.add_argument("--transfer", default="", help="a policy trained on the synthetic world, evaluated here")
+    parser.add_argument("--ppo_actor_lrs", default="", help="PPO again from the SFT policy at these actor lrs")
     parser.add_argument("--quick", action="store_true", help="the --quick demo budget")
     parser.add_argument("--out", default="bench_out/real_data_learning")
     args = parser.parse_args()

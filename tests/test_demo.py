@@ -334,6 +334,8 @@ def test_the_real_data_bench_prints_every_row(real_data_demo):
         "0",
         "--quick",
         "--baselines",
+        "--ppo_actor_lrs",
+        "3e-5",
         "--out",
         str(out.parent),
     ]
@@ -341,13 +343,16 @@ def test_the_real_data_bench_prints_every_row(real_data_demo):
     assert printed.returncode == 0, printed.stderr[-4000:]
     table = json.loads((out.parent / "real_data_learning.json").read_text())
     rows = ["single-shot BM25 @K", "zero-shot (untrained)", "SFT", "SFT + PPO", "CoT (no retrieval)",
-            "naive RAG top-5", "naive RAG top-16", "evidence-chain oracle"]  # fmt: skip
+            "naive RAG top-5", "naive RAG top-16", "SFT + PPO, actor lr 3e-05", "evidence-chain oracle"]  # fmt: skip
     assert list(table) == rows and all(label in printed.stdout for label in rows)
     for label in rows:
         assert set(table[label]) == set(SHARED_DATASETS) and all(c["questions"] == 3 for c in table[label].values())
     for name, cell in table["single-shot BM25 @K"].items():  # K matches the PPO policy's documents per question
         assert cell["k"] == max(1, int(table["SFT + PPO"][name]["docs"] + 0.5)) and cell["docs"] == cell["k"]
     assert all(cell["docs"] == 16 for cell in table["naive RAG top-16"].values())
+    again = json.loads((out / "train_ppo_lr3e-05" / "config.json").read_text())  # PPO again, from the SFT policy
+    assert again["ppo"]["actor_lr"] == 3e-5 and again["model"]["policy"] == str(out / "train" / "sft" / "policy")
+    assert again["sft"]["data"] == "" and (out / "train_ppo_lr3e-05" / "ppo" / "policy" / "config.json").is_file()
     oracle = table["evidence-chain oracle"]
     assert all(c["em"] is None and 0 <= c["full_recall"] <= 1 and c["docs"] > 0 for c in oracle.values())
     assert sum(c["full_recall"] for c in oracle.values()) > 0  # the annotated chains find gold paragraphs
