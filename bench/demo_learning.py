@@ -31,14 +31,17 @@ from demo.services import ServiceProcess  # noqa: E402
 POLICIES = ("untrained", "sft", "ppo")
 
 
-def policy_rewards(demo: Demo) -> dict[str, dict[str, float]]:
+def policy_folders(demo: Demo) -> dict[str, Path]:
+    return {"untrained": demo.paths["policy0"], "sft": demo.paths["sft_policy"], "ppo": demo.paths["ppo_policy"]}
+
+
+def policy_rewards(demo: Demo, folders: dict[str, Path]) -> dict[str, dict[str, float]]:
     """Greedy dev episodes of each policy, scored as in training (services started again for it)."""
     from r3_env.data import read_dataset
     from r3_env.rollout import RolloutConfig
     from r3_env.train.ppo import evaluate_rewards
 
     items = read_dataset(demo.paths["world"] / "dev.jsonl")[: demo.budget.eval_questions]
-    folders = policy_folders(demo)
     with demo.serving() as (retriever_url, reward_url):
         urls = {"retriever_url": retriever_url, "reward_url": reward_url}
         rollout = RolloutConfig.from_dict({"env": ENV, "reward": {"scheme": "r3"}, "services": urls})
@@ -67,10 +70,6 @@ def hotpotqa_scores(demo: Demo, folders: dict[str, Path], data: Path, questions:
     return results
 
 
-def policy_folders(demo: Demo) -> dict[str, Path]:
-    return {"untrained": demo.paths["policy0"], "sft": demo.paths["sft_policy"], "ppo": demo.paths["ppo_policy"]}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", default="0,1,2")
@@ -90,8 +89,9 @@ def main() -> None:
         started = time.perf_counter()
         demo = Demo(DemoConfig(out=str(out / f"seed{seed}"), model=args.model, seed=seed, quick=args.quick))
         results = demo.run()
-        rewards = policy_rewards(demo)
-        real = hotpotqa_scores(demo, policy_folders(demo), hotpotqa, args.hotpotqa) if args.hotpotqa else {}
+        folders = policy_folders(demo)
+        rewards = policy_rewards(demo, folders)
+        real = hotpotqa_scores(demo, folders, hotpotqa, args.hotpotqa) if args.hotpotqa else {}
         for name in POLICIES:
             rows.append(
                 {

@@ -129,19 +129,16 @@ def extra_rows(demo: Demo, args: argparse.Namespace, trained: dict[str, dict[str
 
 def ppo_again(demo: Demo, actor_lr: float, urls: tuple[str, str]) -> dict[str, dict[str, float]]:
     """PPO from the demo's SFT policy with another actor learning rate (the demo's other settings), evaluated."""
-    from r3_env.config import configs_from_values
-    from r3_env.train.config import SECTIONS
-    from r3_env.train.local import LocalTrainConfig, train_local
+    from dataclasses import replace
+
+    from r3_env.train.local import train_local
 
     name = f"ppo_lr{actor_lr:g}"
-    values = json.loads((demo.out / "train" / "config.json").read_text())
-    values = {**values.pop("run"), **values, "out": str(demo.out / f"train_{name}")}
-    values["model"]["policy"] = str(demo.paths["sft_policy"])
-    values["sft"]["data"] = ""  # PPO only, from the SFT policy
-    values["ppo"]["actor_lr"] = actor_lr
-    values["services"].update(retriever_url=urls[0], reward_url=urls[1])
-    policy = train_local(LocalTrainConfig.from_sections(*configs_from_values(values, SECTIONS, where=name)))["ppo"]
-    return cells(demo.evaluate(name, policy, demo.data.eval, *urls))
+    config = demo.train_config(demo.paths["sft_policy"], "", demo.data.prompts, *urls)  # PPO only, from SFT
+    config = replace(
+        config, run=replace(config.run, out=str(demo.out / f"train_{name}")), ppo=replace(config.ppo, actor_lr=actor_lr)
+    )
+    return cells(demo.evaluate(name, train_local(config)["ppo"], demo.data.eval, *urls))
 
 
 def fmt(value: float | None, scale: float = 100.0, width: int = 7) -> str:
@@ -149,11 +146,11 @@ def fmt(value: float | None, scale: float = 100.0, width: int = 7) -> str:
 
 
 def print_table(rows: dict[str, dict[str, dict]], datasets: list[str]) -> None:
-    header = f"{'':<32}" + "".join(f"{name:^29}" for name in datasets)
-    print(header)
-    print(f"{'':<32}" + f"{'EM':>7}{'F1':>7}{'Full':>8}{'docs':>7}" * len(datasets))
+    width = max(map(len, rows)) + 2
+    print(f"{'':<{width}}" + "".join(f"{name:^29}" for name in datasets))
+    print(f"{'':<{width}}" + f"{'EM':>7}{'F1':>7}{'Full':>8}{'docs':>7}" * len(datasets))
     for label, by_dataset in rows.items():
-        line = f"{label:<32}"
+        line = f"{label:<{width}}"
         for name in datasets:
             c = by_dataset.get(name)
             if c is None:

@@ -485,7 +485,10 @@ class Demo:
                 )
         return out
 
-    def train_config(self, policy: Path, sft_data: Path, prompts: Path, retriever_url: str, reward_url: str) -> Any:
+    def train_config(
+        self, policy: Path, sft_data: Path | str, prompts: Path, retriever_url: str, reward_url: str
+    ) -> Any:
+        """The local trainer's settings for this demo (``sft_data`` empty: PPO only, from ``policy``)."""
         from r3_env.config import configs_from_values
         from r3_env.train.config import SECTIONS
         from r3_env.train.local import LocalTrainConfig
