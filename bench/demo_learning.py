@@ -8,8 +8,9 @@ greedy episodes on the same dev questions through the agent, with the training r
 scheme, the lexical judge behind the reward server), and prints mean and spread over seeds. EM
 comes from the demo's own evaluation runs. With ``--hotpotqa N`` (and ../shared/data), each
 policy also answers the first N questions of the shared HotpotQA sample over a BM25 index of its
-paragraphs: what the world's training transfers to real questions. Results go to
-OUT/demo_learning.json too.
+paragraphs: what the world's training transfers to real questions. Each seed's rows are
+kept in OUT/seedS/learning.json (a rerun with the same settings reads them back), all of them in
+OUT/demo_learning.json.
 """
 
 from __future__ import annotations
@@ -70,6 +71,43 @@ def hotpotqa_scores(demo: Demo, folders: dict[str, Path], data: Path, questions:
     return results
 
 
+def seed_rows(args: argparse.Namespace, folder: Path, seed: int, hotpotqa: Path) -> list[dict]:
+    """One seed's rows: read back from FOLDER/learning.json when it was measured with the same settings,
+    else the demo (which resumes) and the policies' scoring, then saved there."""
+    settings = {"model": args.model, "quick": args.quick, "hotpotqa": args.hotpotqa}
+    saved = folder / "learning.json"
+    if saved.is_file():
+        record = json.loads(saved.read_text())
+        if record["settings"] == settings:
+            print(f"seed {seed}: read back from {saved}", flush=True)
+            return record["rows"]
+        print(f"seed {seed}: {saved} was measured with {record['settings']}, not {settings}: measuring again")
+    started = time.perf_counter()
+    demo = Demo(DemoConfig(out=str(folder), model=args.model, seed=seed, quick=args.quick))
+    results = demo.run()
+    folders = policy_folders(demo)
+    rewards = policy_rewards(demo, folders)
+    real = hotpotqa_scores(demo, folders, hotpotqa, args.hotpotqa) if args.hotpotqa else {}
+    rows = [
+        {
+            "seed": seed,
+            "policy": name,
+            "em": results[name]["em"],
+            "f1": results[name]["f1"],
+            "answered": results[name]["answered"],
+            "reward": rewards[name]["reward"],
+            "format_error": rewards[name]["format_error"],
+            "correct": rewards[name]["correct"],
+            **{f"hotpotqa_{key}": value for key, value in real.get(name, {}).items()},
+        }
+        for name in POLICIES
+    ]
+    seconds = time.perf_counter() - started
+    saved.write_text(json.dumps({"settings": settings, "seconds": round(seconds), "rows": rows}, indent=2) + "\n")
+    print(f"seed {seed}: demo and reward evaluation in {seconds:.0f} s", flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", default="0,1,2")
@@ -86,27 +124,7 @@ def main() -> None:
     out = Path(args.out)
     rows = []
     for seed in [int(s) for s in args.seeds.split(",")]:
-        started = time.perf_counter()
-        demo = Demo(DemoConfig(out=str(out / f"seed{seed}"), model=args.model, seed=seed, quick=args.quick))
-        results = demo.run()
-        folders = policy_folders(demo)
-        rewards = policy_rewards(demo, folders)
-        real = hotpotqa_scores(demo, folders, hotpotqa, args.hotpotqa) if args.hotpotqa else {}
-        for name in POLICIES:
-            rows.append(
-                {
-                    "seed": seed,
-                    "policy": name,
-                    "em": results[name]["em"],
-                    "f1": results[name]["f1"],
-                    "answered": results[name]["answered"],
-                    "reward": rewards[name]["reward"],
-                    "format_error": rewards[name]["format_error"],
-                    "correct": rewards[name]["correct"],
-                    **{f"hotpotqa_{key}": value for key, value in real.get(name, {}).items()},
-                }
-            )
-        print(f"seed {seed}: demo and reward evaluation in {time.perf_counter() - started:.0f} s", flush=True)
+        rows += seed_rows(args, out / f"seed{seed}", seed, hotpotqa)
     (out / "demo_learning.json").write_text(json.dumps(rows, indent=2) + "\n")
     extra = f"{'HotpotQA EM %':>16}{'HotpotQA F1 %':>16}" if args.hotpotqa else ""
     print(f"\n{'policy':<11}{'dev EM %':>16}{'dev F1 %':>16}{'mean reward':>18}{'format errors %':>18}{extra}")
