@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from demo.services import ServiceProcess, vllm_cpu_env
+from demo.services import ServiceProcess, VLLMServer, vllm_cpu_env
 
 logger = logging.getLogger(__name__)
 
@@ -221,8 +221,16 @@ class DemoConfig:
             "in --vllm_python's env, bash scripts/setup_vllm.sh)"
         },
     )
+    rollout_engine: str = field(
+        default="hf",
+        metadata={
+            "help": "engine of the PPO rollouts: hf (generate in the trainer) or vllm (a vLLM server from "
+            "--vllm_python's env, the actor's weights reloaded into it after each update)"
+        },
+    )
     vllm_python: str = field(
-        default=".venv-vllm/bin/python", metadata={"help": "eval_engine vllm: the Python of an env with vLLM and r3rag"}
+        default=".venv-vllm/bin/python",
+        metadata={"help": "eval_engine or rollout_engine vllm: the Python of an env with vLLM and r3rag"},
     )
 
     def __post_init__(self) -> None:
@@ -232,15 +240,16 @@ class DemoConfig:
             raise ValueError("threads and the overrides must be 0 or more")
         if self.sft_lr < 0 or self.actor_lr < 0:
             raise ValueError("sft_lr and actor_lr must be 0 (keep the recipe's) or positive")
-        if self.eval_engine not in ("hf", "vllm"):
-            raise ValueError(f"eval_engine: {self.eval_engine!r} is not hf or vllm")
-        if self.eval_engine == "vllm" and not Path(self.vllm_python).is_file():
+        for name in ("eval_engine", "rollout_engine"):
+            if getattr(self, name) not in ("hf", "vllm"):
+                raise ValueError(f"{name}: {getattr(self, name)!r} is not hf or vllm")
+        used = "vllm" in (self.eval_engine, self.rollout_engine)
+        if used and not Path(self.vllm_python).is_file():
             raise ValueError(
                 f"vllm_python: {self.vllm_python} does not exist; run `bash scripts/setup_vllm.sh` (vLLM's CPU build) "
-                "or pass --vllm_python PYTHON of an env with vLLM and r3rag, or use --eval_engine hf"
+                "or pass --vllm_python PYTHON of an env with vLLM and r3rag, or set eval_engine and rollout_engine hf"
             )
         # where the vLLM env lives is no setting of the run: recorded only when it is used
-        used = self.eval_engine == "vllm"
         object.__setattr__(self, "vllm_python", str(Path(self.vllm_python).absolute()) if used else "")
         if self.data:
             if not Path(self.data).is_dir():
@@ -351,7 +360,7 @@ class Demo:
         previous.setdefault("scheme", "")
         previous.setdefault("lora_rank", 0)
         defaults = dataclasses.asdict(DemoConfig())
-        for key in ("sft_lr", "actor_lr", "data", "eval_engine", "vllm_python"):  # and before these
+        for key in ("sft_lr", "actor_lr", "data", "eval_engine", "rollout_engine", "vllm_python"):  # and these
             previous.setdefault(key, defaults[key])
         if previous == dataclasses.asdict(self.config):
             return
@@ -585,6 +594,28 @@ class Demo:
         if done.returncode != 0:
             raise RuntimeError(f"the vLLM evaluation failed (exit {done.returncode}); its log: {log}")
 
+    def train_ppo(self, config: Any, start: Path) -> Path:
+        """PPO from ``start`` (resumes); with ``--rollout_engine vllm`` its rollouts come from a vLLM server of an
+        untied copy of ``start`` that the trainer reloads with the actor's weights (log: services/rollout_vllm.log)."""
+        from r3_env.train.local import train_local
+        from r3_env.train.models import DONE_FILE
+
+        if self.config.rollout_engine == "hf" or (Path(config.run.out) / "ppo" / DONE_FILE).is_file():
+            return train_local(config)["ppo"]
+        from transformers import AutoModelForCausalLM
+
+        from r3_env.train.models import load_tokenizer, save_policy
+
+        # the trainer reloads the actor into the served model in place: serve it untied (save_policy says why)
+        model = AutoModelForCausalLM.from_pretrained(start)
+        served = save_policy(model, load_tokenizer(str(start)), Path(config.run.out) / "ppo" / "rollout_policy", True)
+        del model
+        log = self.out / "services" / "rollout_vllm.log"
+        with VLLMServer(self.config.vllm_python, str(served), log=log, reloadable=True) as server:
+            logger.info("PPO rollouts from vLLM at %s (log: %s)", server.url, log)
+            ppo = dataclasses.replace(config.ppo, vllm_url=server.url)
+            return train_local(dataclasses.replace(config, ppo=ppo))["ppo"]
+
     @contextmanager
     def serving(self) -> Iterator[tuple[str, str]]:
         """A finished run's retrieval service and reward server, started again: (retriever URL, reward URL)."""
@@ -628,7 +659,7 @@ class Demo:
             with self.stage("eval_sft", "7. evaluate the SFT policy"):
                 results["sft"] = _summary(self.evaluate("sft", sft_policy, data.eval, *urls))
             with self.stage("ppo", f"8. {self.config.method.title} from the SFT policy"):
-                ppo_policy = train_local(config)["ppo"]
+                ppo_policy = self.train_ppo(config, sft_policy)
             with self.stage("eval_ppo", "9. evaluate the PPO policy"):
                 results["ppo"] = _summary(self.evaluate("ppo", ppo_policy, data.eval, *urls))
             if self.config.method.no_retrieval_eval:

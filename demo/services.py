@@ -108,14 +108,22 @@ class VLLMServer(ServiceProcess):
 
     fp32 and eager mode: the CPU build is ready in about 30 s that way (compiling takes minutes and its
     cache never reloads); explicit ``VLLM_CPU_*`` settings in the environment win over :func:`vllm_cpu_env`.
+    ``reloadable``: with vLLM's dev endpoints, so a trainer can reload its weights in place
+    (:class:`r3_env.vllm_client.VLLMServerEngine`).
     """
 
     def __init__(
-        self, python: str, model: str, port: int | None = None, timeout: float = 600.0, log: Path | None = None
+        self,
+        python: str,
+        model: str,
+        port: int | None = None,
+        timeout: float = 600.0,
+        log: Path | None = None,
+        reloadable: bool = False,
     ) -> None:
         super().__init__([], port, timeout, log=log)
         self.command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host",
                         "127.0.0.1", "--port", str(self.port), "--max-model-len", "4096", "--dtype", "float32",
                         "--enforce-eager"]  # fmt: skip
-        self.env = {**vllm_cpu_env(), **os.environ}
+        self.env = {**vllm_cpu_env(), **({"VLLM_SERVER_DEV_MODE": "1"} if reloadable else {}), **os.environ}
         self.base_url = f"{self.url}/v1"

@@ -48,6 +48,7 @@ CHARTS: list[tuple[str, str, str, list[tuple[str, str]], bool]] = [
         "Where an iteration's time goes",
         "seconds",
         [
+            ("sync_s", "weight sync (vLLM)"),
             ("generation_s", "generation"),
             ("retrieval_s", "retrieval"),
             ("judging_s", "judging"),

@@ -233,6 +233,8 @@ def test_lora_scales_a_pretrained_recipes_learning_rates_and_flags_override_them
         (["--data", "."], "tiny-random is the synthetic world's"),
         (["--eval_engine", "vllm", "--vllm_python", "no/python"], "setup_vllm.sh"),
         (["--eval_engine", "sglang"], "not hf or vllm"),
+        (["--rollout_engine", "sglang"], "rollout_engine: 'sglang' is not hf or vllm"),
+        (["--rollout_engine", "vllm", "--vllm_python", "no/python"], "setup_vllm.sh"),
         (["--sft_lr", "-1"], "sft_lr and actor_lr"),
     ],
 )
@@ -356,3 +358,33 @@ def test_the_real_data_bench_prints_every_row(real_data_demo):
     oracle = table["evidence-chain oracle"]
     assert all(c["em"] is None and 0 <= c["full_recall"] <= 1 and c["docs"] > 0 for c in oracle.values())
     assert sum(c["full_recall"] for c in oracle.values()) > 0  # the annotated chains find gold paragraphs
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_rollout_engines_bench_runs_ppo_from_hf_and_from_a_vllm_server(real_data_demo):
+    """bench/rollout_engines.py: PPO from the demo's SFT policy once per engine; the vLLM side is the demo's
+    ``--rollout_engine vllm`` path (an untied copy served by vLLM's CPU build, reloaded before each rollout)."""
+    import subprocess
+    import sys
+
+    python = ROOT / ".venv-vllm" / "bin" / "python"
+    if not python.is_file():
+        pytest.skip("no .venv-vllm: run `bash scripts/setup_vllm.sh` (vLLM's CPU build)")
+    out = real_data_demo["out"]
+    command = [sys.executable, str(ROOT / "bench" / "rollout_engines.py"), "--demo", str(out), "--iterations", "2",
+               "--vllm_python", str(python), "--out", str(out / "engines")]  # fmt: skip
+    printed = subprocess.run(command, capture_output=True, text=True, timeout=840)
+    assert printed.returncode == 0, printed.stderr[-4000:]
+    assert "mean generation_s: hf" in printed.stdout and "hf / vllm" in printed.stdout
+    for engine in ("hf", "vllm"):
+        rows = [json.loads(line) for line in (out / "engines" / engine / "metrics.jsonl").read_text().splitlines()]
+        ppo = [row for row in rows if row["stage"] == "ppo"]
+        assert [row["step"] for row in ppo] == [1, 2] and all(row["response_tokens"] > 0 for row in ppo)
+        assert all(("sync_s" in row) == (engine == "vllm") for row in ppo)
+        config = json.loads((out / "engines" / engine / "config.json").read_text())
+        assert config["model"]["policy"] == str(out / "train" / "sft" / "policy")
+    assert all(row["sync_s"] > 0 for row in ppo)  # the vLLM run reloaded the actor before both rollouts
+    served = json.loads((out / "engines" / "vllm" / "ppo" / "rollout_policy" / "config.json").read_text())
+    assert served["tie_word_embeddings"] is False
+    assert "rollouts from vLLM" in printed.stderr

@@ -7,21 +7,28 @@ decoding) make the episodes known, so the rewards and where they land can be che
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import math
 
 import pytest
 import torch
 import yaml
-from conftest import Script, ServiceProcess, answer_step, query_step
+from conftest import ROOT, Script, ServiceProcess, answer_step, query_step
+from transformers import AutoModelForCausalLM
 
+from demo.services import VLLMServer
 from r3_env.config import ConfigError
 from r3_env.data import iter_corpus, read_dataset
+from r3_env.hf_engine import SamplingParams
 from r3_env.protocol import ChatRenderer, Step, Turn
 from r3_env.retrieval.index_builder import IndexBuildConfig, build_index
 from r3_env.rollout import RolloutConfig
 from r3_env.train.config import ModelConfig, PPOConfig, RunConfig, SFTConfig
 from r3_env.train.model_factory import TinyModelConfig, build_tiny_policy
+from r3_env.train.models import load_tokenizer, save_policy
+from r3_env.vllm_client import VLLMServerEngine, VLLMServerError
 from r3_env.world.build import WorldConfig, generate_world
 
 TINY = TinyModelConfig(vocab_size=600, hidden_size=32, layers=1, heads=2, kv_heads=1, intermediate_size=64)
@@ -330,3 +337,90 @@ def test_cli_errors_name_the_setting_and_the_fix(world, tmp_path):
     built = run_r3rag("train", "model", "--world", str(world["root"] / "world"), "--out", str(tmp_path / "m"),
                       "--vocab_size", "400", "--hidden_size", "16", "--heads", "2", "--kv_heads", "1")  # fmt: skip
     assert built.returncode == 0 and (tmp_path / "m" / "factory.json").is_file(), built.stderr[-2000:]
+
+
+# -- rollouts from a vLLM server ------------------------------------------------------------------------
+
+
+def test_the_vllm_rollout_engine_names_what_is_missing(world):
+    """The retrieval service stands in for servers that are not what the engine needs: a real HTTP server that
+    serves no model and lacks vLLM's dev endpoints. A tied served model is refused before any reload."""
+
+    async def attempts() -> None:
+        engine = VLLMServerEngine(world["rollout"].services.retriever_url, retries=0)
+        try:
+            with pytest.raises(VLLMServerError, match="lists no served model.*vLLM server"):
+                await engine.served_model()
+            engine.model, engine.served_from = "policy", str(world["policy"])  # as /v1/models names a served folder
+            with pytest.raises(VLLMServerError, match="tied to its input embedding.*untied=True"):
+                await engine.reload(world["policy"])
+            engine.checked_untied = True  # past that check: a server without VLLM_SERVER_DEV_MODE answers 404
+            with pytest.raises(VLLMServerError, match="VLLM_SERVER_DEV_MODE=1"):
+                await engine.reload(world["policy"])
+        finally:
+            await engine.aclose()
+
+    asyncio.run(attempts())
+
+
+def token_logprobs(folder, prompt: list[int], tokens: list[int]) -> list[float]:
+    """HF's log-probabilities of ``tokens`` after ``prompt`` under the weights in ``folder``."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1].float()
+    return logits.log_softmax(-1).gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_ppo_rollouts_from_a_vllm_server_follow_the_actors_weights(world, tmp_path):
+    """vLLM's CPU build (``.venv-vllm``) serves the policy (untied); a reload swaps its weights in place, and two
+    PPO iterations generate there, the actor saved and reloaded before each. The served weights are checked by the
+    log-probabilities vLLM reports for its own tokens against HF's under the same weights."""
+    vllm_python = ROOT / ".venv-vllm" / "bin" / "python"
+    if not vllm_python.exists():
+        pytest.skip("no .venv-vllm: run `bash scripts/setup_vllm.sh` (vLLM's CPU build, about 100 s, 3.7 GB)")
+    sizes = dataclasses.replace(TINY, hidden_size=128)  # head size 64, the only one vLLM's CPU build runs
+    policy = build_tiny_policy(world["root"] / "world", tmp_path / "policy0", sizes)
+    other = build_tiny_policy(world["root"] / "world", tmp_path / "other", dataclasses.replace(sizes, seed=1))
+    tokenizer = load_tokenizer(str(policy))
+    untied = [
+        save_policy(AutoModelForCausalLM.from_pretrained(folder), tokenizer, tmp_path / f"{folder.name}_untied", True)
+        for folder in (policy, other)
+    ]
+    ids = tokenizer(world["items"][0].question)["input_ids"]
+    greedy = SamplingParams(temperature=0.0, max_tokens=8, logprobs=1)
+
+    with VLLMServer(str(vllm_python), str(untied[0]), log=tmp_path / "vllm.log", reloadable=True) as server:
+
+        async def served(folder_to_load=None) -> tuple[list[int], list[float]]:
+            engine = VLLMServerEngine(server.url)
+            try:
+                if folder_to_load is not None:
+                    await engine.reload(folder_to_load)
+                output = (await engine.generate(ids, greedy)).outputs[0]
+            finally:
+                await engine.aclose()
+            return output.token_ids, [next(iter(step.values())).logprob for step in output.logprobs]
+
+        tokens, logprobs = asyncio.run(served())
+        assert tokens and logprobs == pytest.approx(token_logprobs(policy, ids, tokens), abs=1e-3)
+        tokens, logprobs = asyncio.run(served(untied[1]))
+        assert logprobs == pytest.approx(token_logprobs(other, ids, tokens), abs=1e-3)
+        assert logprobs != pytest.approx(token_logprobs(policy, ids, tokens), abs=1e-3)  # the reload took
+
+        trainer = make_trainer({**world, "policy": policy}, tmp_path, vllm_url=server.url, actor_lr=1e-3)
+        try:
+            trainer.load_prompts()
+            first, second = trainer.step(), trainer.step()
+        finally:
+            trainer.close()
+        for values in (first, second):
+            assert values["episodes"] == 4 and values["response_tokens"] > 0
+            assert values["sync_s"] > 0 and values["generation_s"] > 0  # each rollout after a reload
+        synced = tmp_path / "run" / "ppo" / "rollout_policy"  # the actor after the first update
+        assert token_logprobs(synced, ids, tokens) != pytest.approx(token_logprobs(policy, ids, tokens), abs=1e-3)
+        tokens, logprobs = asyncio.run(served())
+        assert logprobs == pytest.approx(token_logprobs(synced, ids, tokens), abs=1e-3)

@@ -115,6 +115,14 @@ class PPOConfig:
     top_p: float = field(default=1.0, metadata={"help": "rollout nucleus sampling"})
     max_len: int = field(default=4096, metadata={"help": "tokens per episode (--data.max_len)"})
     generate_batch: int = field(default=64, metadata={"help": "requests per HF generate call"})
+    vllm_url: str = field(
+        default="",
+        metadata={
+            "help": "rollouts from this vLLM server (http://HOST:PORT, run with VLLM_SERVER_DEV_MODE=1 where it can "
+            "read OUT/ppo/rollout_policy: the actor is saved there and reloaded in place before each rollout; "
+            "'': HF generate in this process)"
+        },
+    )
 
     def __post_init__(self) -> None:
         sizes = (self.iterations, self.rollout_batch_size, self.n_samples_per_prompt, self.micro_batch_size)

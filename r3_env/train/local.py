@@ -76,7 +76,7 @@ def _defaults(config: LocalTrainConfig) -> dict[str, Any]:
 
 
 # Settings that may change between a run and its resumption: where the services are, how fast to go.
-RESUMABLE = ("services.", "run.threads", "run.device", "run.save_every", "ppo.generate_batch")
+RESUMABLE = ("services.", "run.threads", "run.device", "run.save_every", "ppo.generate_batch", "ppo.vllm_url")
 
 
 def check_config(out: Path, config: LocalTrainConfig) -> None:

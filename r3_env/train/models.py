@@ -122,11 +122,14 @@ def make_optimizer(
     return optimizer, scheduler
 
 
-def save_policy(model: Any, tokenizer: Any, folder: Path) -> Path:
+def save_policy(model: Any, tokenizer: Any, folder: Path, untied: bool = False) -> Path:
     """Write an HF folder whole (a temporary folder renamed into place), so a reader never sees half of one.
 
     A LoRA-trained model is saved merged (a plain HF folder the next stage, evaluation and vLLM load
-    as they are); the model in training keeps its adapters.
+    as they are); the model in training keeps its adapters. ``untied``: an output layer tied to the
+    input embedding is written as a tensor of its own (``tie_word_embeddings`` false), the form a vLLM
+    server must serve to reload weights in place: vLLM's reload refreshes the embedding but leaves a
+    tied output layer holding the old weights.
     """
     folder = Path(folder)
     tmp = folder.with_name(folder.name + ".tmp")
@@ -135,9 +138,31 @@ def save_policy(model: Any, tokenizer: Any, folder: Path) -> Path:
         model = copy.deepcopy(model).merge_and_unload()
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    if untied and getattr(model.config, "tie_word_embeddings", False):
+        _untie(model, tmp)
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(tmp, folder)
     return folder
+
+
+def _untie(model: Any, folder: Path) -> None:
+    """Give the saved ``folder`` of a tied ``model`` its output layer's weight and an untied config."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    if len(files) != 1:
+        raise ValueError(f"untying needs a single-file checkpoint; {folder} has {len(files)} safetensors files")
+    modules = {module: name for name, module in model.named_modules()}
+    embedding = modules[model.get_input_embeddings()] + ".weight"
+    output = modules[model.get_output_embeddings()] + ".weight"
+    tensors = load_file(files[0])
+    tensors[output] = tensors[embedding].clone()
+    save_file(tensors, files[0], metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    config["tie_word_embeddings"] = False
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 def save_state(path: Path, state: dict[str, Any]) -> None:

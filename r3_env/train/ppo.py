@@ -5,7 +5,11 @@ One iteration:
 1. **Rollouts.** r3rag's :class:`~r3_env.openrlhf.agent.AgentExecutor` (the file OpenRLHF's vLLM
    actors load) runs every episode against :class:`~r3_env.hf_engine.HFEngine`, which honours
    OpenRLHF's ``llm_engine.generate`` contract and shares the policy's weights, so no weight sync
-   is needed. Retrieval and judging go to the services over HTTP, as on a cluster.
+   is needed. With ``ppo.vllm_url`` a vLLM server generates instead
+   (:class:`~r3_env.vllm_client.VLLMServerEngine`, the same contract): the actor is saved to
+   ``ppo/rollout_policy`` and reloaded there before each rollout that follows an update, as
+   OpenRLHF broadcasts its weights to its vLLM engines. Retrieval and judging go to the services
+   over HTTP, as on a cluster.
 2. **Experiences.** OpenRLHF's sample generator turns each executor output into an
    ``Experience`` (r3rag's subclass keeps the per-step rewards); OpenRLHF's experience maker
    splits them into micro-batches. Log-probs (``Actor``), reference log-probs, values (its
@@ -153,7 +157,13 @@ class PPOTrainer:
             self.critic_optim, self.critic_sched = make_optimizer(self.critic, ppo.critic_lr, optimizer_steps)
         # the staged reward schemes read the trainer's step: the iterations done so far (0 during the first)
         self.executor = AgentExecutor(rollout, search=search, judge=judge, clock=lambda: self.iteration)
-        self.engine = HFEngine(self.actor.model, self.tokenizer, max_batch=ppo.generate_batch)
+        self.synced_iteration: int | None = None  # the iteration whose weights the vLLM server holds
+        if ppo.vllm_url:
+            from r3_env.vllm_client import VLLMServerEngine
+
+            self.engine: Any = VLLMServerEngine(ppo.vllm_url)
+        else:
+            self.engine = HFEngine(self.actor.model, self.tokenizer, max_batch=ppo.generate_batch)
         self.loop = asyncio.new_event_loop()
         self.context = self.loop.run_until_complete(self._context())  # its batchers belong to this loop
         self.items: list[QAItem] = []
@@ -184,6 +194,16 @@ class PPOTrainer:
         return batch
 
     # -- 1. rollouts --------------------------------------------------------------------------------
+
+    def sync_weights(self) -> float:
+        """Have the vLLM server generate with the actor's current weights; returns the seconds it took (0: HF)."""
+        if not self.ppo.vllm_url or self.synced_iteration == self.iteration:
+            return 0.0
+        started = time.perf_counter()
+        folder = save_policy(self.actor.model, self.tokenizer, self.folder / "rollout_policy", untied=True)
+        self.loop.run_until_complete(self.engine.reload(folder.resolve()))
+        self.synced_iteration = self.iteration
+        return time.perf_counter() - started
 
     def rollout(self, items: Sequence[QAItem]) -> list[dict[str, Any]]:
         """Every question ``n_samples_per_prompt`` times through the agent (question-major, as OpenRLHF orders them)."""
@@ -323,6 +343,7 @@ class PPOTrainer:
     def step(self) -> dict[str, float]:
         """One iteration: rollouts, experiences, updates. Returns what it logs."""
         context_before = self._service_time()
+        sync_s = self.sync_weights()
         busy_before = self.engine.busy_s
         started = time.perf_counter()
         responses = self.rollout(self.next_prompts())
@@ -351,6 +372,8 @@ class PPOTrainer:
             rollout_s=rollout_s,
             training_s=training_s,
         )
+        if self.ppo.vllm_url:
+            values["sync_s"] = sync_s
         return values
 
     def _service_time(self) -> tuple[float, float]:
@@ -382,7 +405,7 @@ class PPOTrainer:
                 self.metrics.log("ppo", self.iteration, values)
             logger.info(
                 "PPO %d/%d: reward %.3f, correct %.0f%%, KL %.4f, entropy %.3f, value loss %.4f (%.1f s: "
-                "generation %.1f, retrieval %.2f, judging %.2f, training %.1f)",
+                "%sgeneration %.1f, retrieval %.2f, judging %.2f, training %.1f)",
                 self.iteration,
                 self.ppo.iterations,
                 values["reward"],
@@ -391,6 +414,7 @@ class PPOTrainer:
                 values.get("entropy", float("nan")),
                 values.get("value_loss", float("nan")),
                 values["iteration_s"],
+                f"weight sync {values['sync_s']:.1f}, " if "sync_s" in values else "",
                 values["generation_s"],
                 values["retrieval_s"],
                 values["judging_s"],
@@ -440,6 +464,8 @@ class PPOTrainer:
 
     def close(self) -> None:
         self.loop.run_until_complete(self.context.aclose())
+        if self.ppo.vllm_url:
+            self.loop.run_until_complete(self.engine.aclose())
         self.loop.close()
 
 
