@@ -30,6 +30,7 @@ from demo.run import ENV, Demo, DemoConfig  # noqa: E402
 from demo.services import ServiceProcess  # noqa: E402
 
 POLICIES = ("untrained", "sft", "ppo")
+DATA = ROOT.parent / "shared" / "data"
 
 
 def policy_folders(demo: Demo) -> dict[str, Path]:
@@ -72,16 +73,20 @@ def hotpotqa_scores(demo: Demo, folders: dict[str, Path], data: Path, questions:
 
 
 def seed_rows(args: argparse.Namespace, folder: Path, seed: int, hotpotqa: Path) -> list[dict]:
-    """One seed's rows: read back from FOLDER/learning.json when it was measured with the same settings,
-    else the demo (which resumes) and the policies' scoring, then saved there."""
+    """One seed's rows: read back from FOLDER/learning.json (refused when measured with other settings), else
+    the demo (which resumes) and the policies' scoring, then saved there."""
     settings = {"model": args.model, "quick": args.quick, "hotpotqa": args.hotpotqa}
+    if args.hotpotqa:
+        settings["data"] = str(hotpotqa.resolve())
     saved = folder / "learning.json"
     if saved.is_file():
         record = json.loads(saved.read_text())
-        if record["settings"] == settings:
-            print(f"seed {seed}: read back from {saved}", flush=True)
-            return record["rows"]
-        print(f"seed {seed}: {saved} was measured with {record['settings']}, not {settings}: measuring again")
+        if record["settings"].get("hotpotqa"):  # rows saved before the sample's path was recorded used the default
+            record["settings"].setdefault("data", str((DATA / "hotpotqa").resolve()))
+        if record["settings"] != settings:
+            sys.exit(f"{saved} was measured with {record['settings']}, not {settings}: give another --out")
+        print(f"seed {seed}: read back from {saved}", flush=True)
+        return record["rows"]
     started = time.perf_counter()
     demo = Demo(DemoConfig(out=str(folder), model=args.model, seed=seed, quick=args.quick))
     results = demo.run()
@@ -114,7 +119,7 @@ def main() -> None:
     parser.add_argument("--model", default="tiny-random", help="the demo's --model")
     parser.add_argument("--quick", action="store_true", help="the --quick demo budget")
     parser.add_argument("--hotpotqa", type=int, default=0, help="also answer this many shared HotpotQA questions")
-    parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data"), help="the shared samples' folder")
+    parser.add_argument("--data", default=str(DATA), help="the shared samples' folder")
     parser.add_argument("--out", default="bench_out/demo_learning")
     args = parser.parse_args()
     hotpotqa = Path(args.data) / "hotpotqa"

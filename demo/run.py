@@ -596,11 +596,12 @@ class Demo:
 
     def train_ppo(self, config: Any, start: Path) -> Path:
         """PPO from ``start`` (resumes); with ``--rollout_engine vllm`` its rollouts come from a vLLM server of an
-        untied copy of ``start`` that the trainer reloads with the actor's weights (log: services/rollout_vllm.log)."""
+        untied copy of ``start`` that the trainer reloads with the actor's weights (its log: RUN/rollout_vllm.log)."""
         from r3_env.train.local import train_local
-        from r3_env.train.models import DONE_FILE
+        from r3_env.train.models import finished
 
-        if self.config.rollout_engine == "hf" or (Path(config.run.out) / "ppo" / DONE_FILE).is_file():
+        run = Path(config.run.out)
+        if self.config.rollout_engine == "hf" or finished(run / "ppo"):
             return train_local(config)["ppo"]
         from transformers import AutoModelForCausalLM
 
@@ -608,9 +609,9 @@ class Demo:
 
         # the trainer reloads the actor into the served model in place: serve it untied (save_policy says why)
         model = AutoModelForCausalLM.from_pretrained(start)
-        served = save_policy(model, load_tokenizer(str(start)), Path(config.run.out) / "ppo" / "rollout_policy", True)
+        served = save_policy(model, load_tokenizer(str(start)), run / "ppo" / "rollout_policy", untied=True)
         del model
-        log = self.out / "services" / "rollout_vllm.log"
+        log = run / "rollout_vllm.log"
         with VLLMServer(self.config.vllm_python, str(served), log=log, reloadable=True) as server:
             logger.info("PPO rollouts from vLLM at %s (log: %s)", server.url, log)
             ppo = dataclasses.replace(config.ppo, vllm_url=server.url)

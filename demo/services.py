@@ -125,5 +125,5 @@ class VLLMServer(ServiceProcess):
         self.command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host",
                         "127.0.0.1", "--port", str(self.port), "--max-model-len", "4096", "--dtype", "float32",
                         "--enforce-eager"]  # fmt: skip
-        self.env = {**vllm_cpu_env(), **({"VLLM_SERVER_DEV_MODE": "1"} if reloadable else {}), **os.environ}
+        self.env = {**vllm_cpu_env(), **os.environ, **({"VLLM_SERVER_DEV_MODE": "1"} if reloadable else {})}
         self.base_url = f"{self.url}/v1"

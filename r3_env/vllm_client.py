@@ -17,8 +17,6 @@ weights, so the server must serve, and be sent, untied folders
 
 from __future__ import annotations
 
-import json
-import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,9 +25,12 @@ from typing import Any
 from r3_env.hf_engine import CompletionOutput, Logprob, RequestOutput
 from r3_env.http_retry import AsyncHTTP, RequestFailed, RetryPolicy, asend_with_retries
 
-logger = logging.getLogger(__name__)
-
 DEV_MODE_HINT = "start the vLLM server with VLLM_SERVER_DEV_MODE=1 (it serves /collective_rpc only then)"
+SERVER_HINT = "is a vLLM server there? (ppo.vllm_url; the demo's --rollout_engine vllm starts one)"
+UNTIE_HINT = (
+    "Serve an untied copy (r3_env.train.models.save_policy(model, tokenizer, folder, untied=True), as `r3rag demo "
+    "--rollout_engine vllm` does)"
+)
 
 
 class VLLMServerError(RuntimeError):
@@ -40,8 +41,8 @@ class VLLMServerEngine:
     """Batched generation by a vLLM OpenAI-compatible server; vLLM batches the concurrent requests itself.
 
     ``url``: the server's root (``http://HOST:PORT``; a trailing ``/v1`` is accepted). ``busy_s``
-    counts the wall time during which at least one request was in flight, the HF engine's
-    ``busy_s`` for a server.
+    counts the wall time during which at least one request was in flight (retries included), the
+    HF engine's ``busy_s`` for a server.
     """
 
     def __init__(self, url: str, timeout_s: float = 600.0, retries: int = 2, max_connections: int = 256) -> None:
@@ -59,8 +60,9 @@ class VLLMServerEngine:
         try:
             reply = await asend_with_retries(lambda: self.http.post(url, payload), self.policy, url)
         except RequestFailed as failure:
-            hint = f" ({DEV_MODE_HINT})" if failure.status == 404 and path != "/v1/completions" else ""
-            raise VLLMServerError(f"{url}: {failure.detail}{hint}") from None
+            hint = DEV_MODE_HINT if failure.status == 404 and path != "/v1/completions" else ""
+            hint = SERVER_HINT if failure.transport else hint
+            raise VLLMServerError(f"{url}: {failure.detail}" + (f" ({hint})" if hint else "")) from None
         return reply.json() if reply.body else None
 
     async def served_model(self) -> str:
@@ -72,7 +74,7 @@ class VLLMServerEngine:
                 served = reply.json()["data"][0]
                 self.model, self.served_from = served["id"], served.get("root") or served["id"]
             except (RequestFailed, KeyError, IndexError) as error:
-                raise VLLMServerError(f"{url} lists no served model ({error}): is a vLLM server there?") from None
+                raise VLLMServerError(f"{url} lists no served model ({error}): {SERVER_HINT}") from None
         return self.model
 
     async def generate(self, prompt_token_ids: Sequence[int], sampling_params: Any, **_: Any) -> RequestOutput:
@@ -80,7 +82,7 @@ class VLLMServerEngine:
         body: dict[str, Any] = {
             "model": await self.served_model(),
             "prompt": prompt,
-            "max_tokens": sampling_params.max_tokens,  # None: up to the server's context length
+            "max_tokens": sampling_params.max_tokens,  # None: vLLM's default (16), as HFEngine's
             "temperature": float(sampling_params.temperature),
             "top_p": float(sampling_params.top_p),
             "top_k": int(getattr(sampling_params, "top_k", -1) or -1),
@@ -105,8 +107,9 @@ class VLLMServerEngine:
             if "logprobs" in body:
                 values = choice["logprobs"]["token_logprobs"]
                 logprobs = [{t: Logprob(float(v))} for t, v in zip(token_ids, values, strict=True)]
-            finish = "length" if choice["finish_reason"] == "length" else "stop"
-            output = CompletionOutput(token_ids, choice["text"], finish, logprobs)
+            if choice["finish_reason"] not in ("stop", "length"):
+                raise ValueError(f"finish_reason {choice['finish_reason']!r}")
+            output = CompletionOutput(token_ids, choice["text"], choice["finish_reason"], logprobs)
         except (KeyError, IndexError, TypeError, ValueError) as error:
             raise VLLMServerError(f"{self.root}/v1/completions sent a malformed completion ({error!r})") from None
         return RequestOutput(prompt, [output])
@@ -121,29 +124,33 @@ class VLLMServerEngine:
         if self._in_flight == 0:
             self.busy_s += time.perf_counter() - self._since
 
-    async def reload(self, folder: Path | str) -> float:
-        """Load the weights of the HF folder ``folder`` into the served model in place; returns the seconds taken."""
-        started = time.perf_counter()
+    async def reload(self, folder: Path | str) -> None:
+        """Load the weights of the untied HF folder ``folder`` into the served model in place."""
         await self.http.close()  # the pooled connections idled through training: the server has dropped them
         await self.check_untied()
         await self._post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}})
-        await self._post("/reset_prefix_cache", {})  # cached prefixes hold the old weights' keys and values
-        return time.perf_counter() - started
+        reset = await self._post("/reset_prefix_cache", {})  # cached prefixes hold the old weights' keys and values
+        if isinstance(reset, dict) and reset.get("success") is False:
+            raise VLLMServerError(f"{self.root} kept its prefix cache after a reload (requests still running?)")
 
     async def check_untied(self) -> None:
-        """Refuse a served model whose output layer is tied to its input embedding (checked once)."""
+        """Refuse a served model whose output layer is (or may be) tied to its input embedding; checked once."""
         if self.checked_untied:
             return
+        from transformers import AutoConfig
+
         await self.served_model()
-        config = Path(self.served_from) / "config.json"
-        if not config.is_file():
-            logger.warning("cannot read %s: the vLLM server's model must be untied for reloads to take", config)
-        elif json.loads(config.read_text()).get("tie_word_embeddings"):
+        try:
+            config = AutoConfig.from_pretrained(self.served_from)
+        except (OSError, ValueError) as error:
+            raise VLLMServerError(
+                f"cannot read the config of {self.served_from}, which the vLLM server at {self.root} serves ({error}), "
+                f"to check that its output layer is untied (a tied one would keep its old weights). {UNTIE_HINT}"
+            ) from None
+        if getattr(config, "tie_word_embeddings", False):
             raise VLLMServerError(
                 f"the vLLM server at {self.root} serves {self.served_from}, whose output layer is tied to its input "
-                "embedding: vLLM's in-place reload would leave that layer with the old weights. Serve an untied copy "
-                "(r3_env.train.models.save_policy(model, tokenizer, folder, untied=True), as `r3rag demo "
-                "--rollout_engine vllm` does)"
+                f"embedding: vLLM's in-place reload would leave that layer with the old weights. {UNTIE_HINT}"
             )
         self.checked_untied = True
 

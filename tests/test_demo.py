@@ -372,19 +372,24 @@ def test_the_rollout_engines_bench_runs_ppo_from_hf_and_from_a_vllm_server(real_
     if not python.is_file():
         pytest.skip("no .venv-vllm: run `bash scripts/setup_vllm.sh` (vLLM's CPU build)")
     out = real_data_demo["out"]
-    command = [sys.executable, str(ROOT / "bench" / "rollout_engines.py"), "--demo", str(out), "--iterations", "2",
+    command = [sys.executable, str(ROOT / "bench" / "rollout_engines.py"), "--demo", str(out), "--iterations", "3",
                "--vllm_python", str(python), "--out", str(out / "engines")]  # fmt: skip
     printed = subprocess.run(command, capture_output=True, text=True, timeout=840)
     assert printed.returncode == 0, printed.stderr[-4000:]
     assert "mean generation_s: hf" in printed.stdout and "hf / vllm" in printed.stdout
+    ppo = {}
     for engine in ("hf", "vllm"):
         rows = [json.loads(line) for line in (out / "engines" / engine / "metrics.jsonl").read_text().splitlines()]
-        ppo = [row for row in rows if row["stage"] == "ppo"]
-        assert [row["step"] for row in ppo] == [1, 2] and all(row["response_tokens"] > 0 for row in ppo)
-        assert all(("sync_s" in row) == (engine == "vllm") for row in ppo)
+        ppo[engine] = [row for row in rows if row["stage"] == "ppo"]
+        assert [row["step"] for row in ppo[engine]] == [1, 2, 3]
+        assert all(row["response_tokens"] > 0 for row in ppo[engine])
+        assert all(("sync_s" in row) == (engine == "vllm") for row in ppo[engine])
         config = json.loads((out / "engines" / engine / "config.json").read_text())
         assert config["model"]["policy"] == str(out / "train" / "sft" / "policy")
-    assert all(row["sync_s"] > 0 for row in ppo)  # the vLLM run reloaded the actor before both rollouts
+        assert config["ppo"]["critic_warmup"] == 1
+    # reloaded before the first rollout and after the first actor update; the critic warm-up left the actor alone
+    assert [row["sync_s"] > 0 for row in ppo["vllm"]] == [True, False, True]
+    assert "rollout_vllm.log" in printed.stderr and (out / "engines" / "vllm" / "rollout_vllm.log").is_file()
     served = json.loads((out / "engines" / "vllm" / "ppo" / "rollout_policy" / "config.json").read_text())
     assert served["tie_word_embeddings"] is False
     assert "rollouts from vLLM" in printed.stderr

@@ -342,7 +342,7 @@ def test_cli_errors_name_the_setting_and_the_fix(world, tmp_path):
 # -- rollouts from a vLLM server ------------------------------------------------------------------------
 
 
-def test_the_vllm_rollout_engine_names_what_is_missing(world):
+def test_the_vllm_rollout_engine_names_what_is_missing(world, tmp_path):
     """The retrieval service stands in for servers that are not what the engine needs: a real HTTP server that
     serves no model and lacks vLLM's dev endpoints. A tied served model is refused before any reload."""
 
@@ -353,6 +353,9 @@ def test_the_vllm_rollout_engine_names_what_is_missing(world):
                 await engine.served_model()
             engine.model, engine.served_from = "policy", str(world["policy"])  # as /v1/models names a served folder
             with pytest.raises(VLLMServerError, match="tied to its input embedding.*untied=True"):
+                await engine.reload(world["policy"])
+            engine.served_from = str(tmp_path)  # a folder without a config: whether it is tied cannot be told
+            with pytest.raises(VLLMServerError, match="cannot read the config.*untied=True"):
                 await engine.reload(world["policy"])
             engine.checked_untied = True  # past that check: a server without VLLM_SERVER_DEV_MODE answers 404
             with pytest.raises(VLLMServerError, match="VLLM_SERVER_DEV_MODE=1"):
@@ -365,8 +368,6 @@ def test_the_vllm_rollout_engine_names_what_is_missing(world):
 
 def token_logprobs(folder, prompt: list[int], tokens: list[int]) -> list[float]:
     """HF's log-probabilities of ``tokens`` after ``prompt`` under the weights in ``folder``."""
-    from transformers import AutoModelForCausalLM
-
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     with torch.no_grad():
         logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1].float()
@@ -387,7 +388,9 @@ def test_ppo_rollouts_from_a_vllm_server_follow_the_actors_weights(world, tmp_pa
     other = build_tiny_policy(world["root"] / "world", tmp_path / "other", dataclasses.replace(sizes, seed=1))
     tokenizer = load_tokenizer(str(policy))
     untied = [
-        save_policy(AutoModelForCausalLM.from_pretrained(folder), tokenizer, tmp_path / f"{folder.name}_untied", True)
+        save_policy(
+            AutoModelForCausalLM.from_pretrained(folder), tokenizer, tmp_path / f"{folder.name}_untied", untied=True
+        )
         for folder in (policy, other)
     ]
     ids = tokenizer(world["items"][0].question)["input_ids"]

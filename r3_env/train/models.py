@@ -27,6 +27,12 @@ logger = logging.getLogger(__name__)
 
 DONE_FILE = "done.json"  # a stage folder holding it is finished: a rerun skips the stage
 
+
+def finished(stage_folder: Path | str) -> bool:
+    """Whether the stage written to ``stage_folder`` (``RUN/sft``, ``RUN/ppo``) has finished."""
+    return (Path(stage_folder) / DONE_FILE).is_file()
+
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -153,7 +159,10 @@ def _untie(model: Any, folder: Path) -> None:
 
     files = sorted(folder.glob("*.safetensors"))
     if len(files) != 1:
-        raise ValueError(f"untying needs a single-file checkpoint; {folder} has {len(files)} safetensors files")
+        raise ValueError(
+            f"untying needs a single-file checkpoint; {folder} has {len(files)} safetensors files (save_pretrained "
+            "shards above its max_shard_size, 50GB by default: raise it for a model this large)"
+        )
     modules = {module: name for name, module in model.named_modules()}
     embedding = modules[model.get_input_embeddings()] + ".weight"
     output = modules[model.get_output_embeddings()] + ".weight"

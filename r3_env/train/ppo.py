@@ -7,9 +7,11 @@ One iteration:
    OpenRLHF's ``llm_engine.generate`` contract and shares the policy's weights, so no weight sync
    is needed. With ``ppo.vllm_url`` a vLLM server generates instead
    (:class:`~r3_env.vllm_client.VLLMServerEngine`, the same contract): the actor is saved to
-   ``ppo/rollout_policy`` and reloaded there before each rollout that follows an update, as
-   OpenRLHF broadcasts its weights to its vLLM engines. Retrieval and judging go to the services
-   over HTTP, as on a cluster.
+   ``ppo/rollout_policy`` and reloaded there before the first rollout of a run (or a resumed
+   one) and before each that follows an actor update, as OpenRLHF broadcasts its weights to its
+   vLLM engines. vLLM samples with its own generator, so unlike HF's (the checkpoint restores
+   torch's RNG) a resumed run does not repeat the uninterrupted run's samples. Retrieval and
+   judging go to the services over HTTP, as on a cluster.
 2. **Experiences.** OpenRLHF's sample generator turns each executor output into an
    ``Experience`` (r3rag's subclass keeps the per-step rewards); OpenRLHF's experience maker
    splits them into micro-batches. Log-probs (``Actor``), reference log-probs, values (its
@@ -49,6 +51,7 @@ from r3_env.train.config import ModelConfig, PPOConfig, RunConfig
 from r3_env.train.metrics import MetricsLog
 from r3_env.train.models import (
     DONE_FILE,
+    finished,
     load_actor,
     load_critic,
     load_state,
@@ -157,7 +160,7 @@ class PPOTrainer:
             self.critic_optim, self.critic_sched = make_optimizer(self.critic, ppo.critic_lr, optimizer_steps)
         # the staged reward schemes read the trainer's step: the iterations done so far (0 during the first)
         self.executor = AgentExecutor(rollout, search=search, judge=judge, clock=lambda: self.iteration)
-        self.synced_iteration: int | None = None  # the iteration whose weights the vLLM server holds
+        self.server_current = False  # the vLLM server holds the actor's weights
         if ppo.vllm_url:
             from r3_env.vllm_client import VLLMServerEngine
 
@@ -197,12 +200,13 @@ class PPOTrainer:
 
     def sync_weights(self) -> float:
         """Have the vLLM server generate with the actor's current weights; returns the seconds it took (0: HF)."""
-        if not self.ppo.vllm_url or self.synced_iteration == self.iteration:
+        if not self.ppo.vllm_url or self.server_current:
             return 0.0
         started = time.perf_counter()
+        self.loop.run_until_complete(self.engine.check_untied())  # before the served folder may be rewritten
         folder = save_policy(self.actor.model, self.tokenizer, self.folder / "rollout_policy", untied=True)
         self.loop.run_until_complete(self.engine.reload(folder.resolve()))
-        self.synced_iteration = self.iteration
+        self.server_current = True
         return time.perf_counter() - started
 
     def rollout(self, items: Sequence[QAItem]) -> list[dict[str, Any]]:
@@ -352,6 +356,7 @@ class PPOTrainer:
         batches = self.make_experiences(responses)
         train_actor = self.iteration >= self.ppo.critic_warmup
         losses = self.train_on(batches, train_actor=train_actor)
+        self.server_current = self.server_current and not train_actor
         training_s = time.perf_counter() - started
         retrieval_s, judging_s = (
             after - before for after, before in zip(self._service_time(), context_before, strict=True)
@@ -383,7 +388,7 @@ class PPOTrainer:
     def train(self) -> Path:
         """Run (or resume) all iterations; returns the final policy's folder."""
         final = self.folder / "policy"
-        if (self.folder / DONE_FILE).is_file():
+        if finished(self.folder):
             logger.info("PPO already finished: %s", final)
             return final
         self.load_prompts()

@@ -32,6 +32,7 @@ from r3_env.train.config import ModelConfig, RunConfig, SFTConfig
 from r3_env.train.metrics import MetricsLog
 from r3_env.train.models import (
     DONE_FILE,
+    finished,
     load_actor,
     load_state,
     load_tokenizer,
@@ -75,7 +76,7 @@ def run_sft(run: RunConfig, model: ModelConfig, sft: SFTConfig, rollout: Rollout
 
     folder = Path(run.out) / "sft"
     final = folder / "policy"
-    if (folder / DONE_FILE).is_file():
+    if finished(folder):
         logger.info("SFT already finished: %s", final)
         return final
     device = pick_device(run.device)
