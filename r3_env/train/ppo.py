@@ -356,7 +356,8 @@ class PPOTrainer:
         batches = self.make_experiences(responses)
         train_actor = self.iteration >= self.ppo.critic_warmup
         losses = self.train_on(batches, train_actor=train_actor)
-        self.server_current = self.server_current and not train_actor
+        if train_actor:
+            self.server_current = False  # the next rollout needs the updated weights
         training_s = time.perf_counter() - started
         retrieval_s, judging_s = (
             after - before for after, before in zip(self._service_time(), context_before, strict=True)
