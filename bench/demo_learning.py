@@ -146,8 +146,9 @@ def main() -> None:
             f"{spread('format_error', 100):>18}"
             + (f"{spread('hotpotqa_em', 100):>16}{spread('hotpotqa_f1', 100):>16}" if args.hotpotqa else "")
         )
+    seeds = len(rows) // len(POLICIES)
     print(
-        f"({len(rows) // len(POLICIES)} seeds; mean ± standard deviation over seeds"
+        f"({seeds} seed{'s' if seeds > 1 else ''}; mean ± standard deviation over seeds"
         + (f"; HotpotQA: the first {args.hotpotqa} questions of the shared sample)" if args.hotpotqa else ")")
     )
 

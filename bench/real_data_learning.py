@@ -129,16 +129,9 @@ def extra_rows(demo: Demo, args: argparse.Namespace, trained: dict[str, dict[str
 
 def ppo_again(demo: Demo, actor_lr: float, urls: tuple[str, str]) -> dict[str, dict[str, float]]:
     """PPO from the demo's SFT policy with another actor learning rate (the demo's other settings), evaluated."""
-    from dataclasses import replace
-
-    from r3_env.train.local import train_local
-
     name = f"ppo_lr{actor_lr:g}"
-    config = demo.train_config(demo.paths["sft_policy"], "", demo.data.prompts, *urls)  # PPO only, from SFT
-    config = replace(
-        config, run=replace(config.run, out=str(demo.out / f"train_{name}")), ppo=replace(config.ppo, actor_lr=actor_lr)
-    )
-    return cells(demo.evaluate(name, train_local(config)["ppo"], demo.data.eval, *urls))
+    policy = demo.ppo_again({"ppo.actor_lr": actor_lr}, demo.out / f"train_{name}", urls)
+    return cells(demo.evaluate(name, policy, demo.data.eval, *urls))
 
 
 def fmt(value: float | None, scale: float = 100.0, width: int = 7) -> str:

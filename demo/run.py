@@ -617,6 +617,16 @@ class Demo:
             ppo = dataclasses.replace(config.ppo, vllm_url=server.url)
             return train_local(dataclasses.replace(config, ppo=ppo))["ppo"]
 
+    def ppo_again(self, settings: dict[str, Any], out: Path, urls: tuple[str, str]) -> Path:
+        """PPO from this finished demo's SFT policy into ``out`` (resumes), with the dotted ``r3rag train local``
+        settings given changed and the rest the demo's: the policy it ends with."""
+        sft_policy = self.out / "train" / "sft" / "policy"
+        if not (sft_policy / "config.json").is_file():
+            raise ValueError(f"{self.out} has no SFT policy yet ({sft_policy}): let its demo run finish first")
+        data = self.data or self.sources()
+        config = self.train_config(sft_policy, "", data.prompts, *urls)  # PPO only, from the SFT policy
+        return self.train_ppo(config.with_settings({**settings, "out": str(out)}), sft_policy)
+
     @contextmanager
     def serving(self) -> Iterator[tuple[str, str]]:
         """A finished run's retrieval service and reward server, started again: (retriever URL, reward URL)."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -37,7 +39,7 @@ ACTOR_KEYS = ("entropy", "policy_loss", "clip_ratio", "actor_grad_norm")  # only
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    out = tmp_path_factory.mktemp("demo") / "demo_out"
+    out = tmp_path_factory.mktemp("demo") / "seed0"  # bench/demo_learning.py --out PARENT finds it as seed 0
     result = run_r3rag("demo", "--quick", "--out", str(out), timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     return {"out": out, "stdout": result.stdout, "record": json.loads((out / "demo.json").read_text())}
@@ -125,6 +127,76 @@ def test_a_rerun_resumes_without_repeating_work(demo):
     assert (out / "train" / "metrics.jsonl").read_text() == metrics  # nothing was trained again
     other = run_r3rag("demo", "--quick", "--seed", "1", "--out", str(out), timeout=120)
     assert other.returncode == 2 and "--overwrite" in other.stderr
+
+
+@pytest.fixture(scope="module")
+def learning(demo):
+    """bench/demo_learning.py run once on the finished quick demo, as seed 0 of OUT (the demo's parent)."""
+    command = [sys.executable, str(ROOT / "bench" / "demo_learning.py"), "--seeds", "0", "--quick",
+               "--out", str(demo["out"].parent)]  # fmt: skip
+    first = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert first.returncode == 0, first.stderr[-3000:]
+    return {"command": command, "first": first}
+
+
+def test_the_learning_bench_scores_each_policy_then_reads_its_rows_back(demo, learning):
+    """bench/demo_learning.py: the demo resumes, each policy's greedy dev episodes are scored with the training
+    reward, the table is printed; a rerun reads the rows back, and a rerun with other settings is refused rather
+    than mixing rows."""
+    out, command, first = demo["out"].parent, learning["command"], learning["first"]
+    saved = json.loads((demo["out"] / "learning.json").read_text())
+    assert saved["settings"] == {"model": "tiny-random", "quick": True, "hotpotqa": 0}
+    rows = {row["policy"]: row for row in saved["rows"]}
+    assert set(rows) == {"untrained", "sft", "ppo"}
+    for name, row in rows.items():
+        assert row["em"] == demo["record"]["results"][name]["em"]  # EM is the demo's own evaluation's
+        assert math.isfinite(row["reward"]) and 0.0 <= row["format_error"] <= 1.0
+    assert rows["untrained"]["format_error"] == 1.0  # the random model never writes a well-formed step
+    table = first.stdout.splitlines()
+    ppo_line = next(line for line in table if line.startswith("ppo "))
+    assert f"{rows['ppo']['reward']:.2f} ± 0.00" in ppo_line and "(1 seed;" in first.stdout
+    assert json.loads((out / "demo_learning.json").read_text()) == saved["rows"]
+
+    again = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "seed 0: read back from" in again.stdout and ppo_line in again.stdout.splitlines()
+    other = subprocess.run([*command[:-2], "--model", "smollm2-135m-instruct", "--out", str(out)],
+                           capture_output=True, text=True, timeout=120, cwd=ROOT)  # fmt: skip
+    assert other.returncode != 0 and "give another --out" in other.stderr
+    assert json.loads((demo["out"] / "learning.json").read_text()) == saved  # nothing measured is lost
+
+
+def test_the_ppo_ablation_bench_trains_again_from_the_sft_policy_with_the_settings_given(demo, learning):
+    """bench/ppo_ablation.py: PPO from the quick demo's SFT policy with a shorter critic warm-up and another actor
+    rate (the rest as the demo's), scored beside the demo's policies; a rerun reads the rows back; a setting that
+    does not exist is refused by name."""
+    out = demo["out"]
+    command = [sys.executable, str(ROOT / "bench" / "ppo_ablation.py"), "--demo", str(out),
+               "--set", "ppo.critic_warmup=1", "--set", "ppo.actor_lr=1e-4"]  # fmt: skip
+    first = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert first.returncode == 0, first.stderr[-3000:]
+    folder = out / "ablations" / "critic_warmup1_actor_lr1e-4"
+    demo_config = json.loads((out / "train" / "config.json").read_text())
+    config = json.loads((folder / "train" / "config.json").read_text())
+    assert config["ppo"]["actor_lr"] == 1e-4 and config["ppo"]["critic_warmup"] == 1
+    same = ("iterations", "rollout_batch_size", "n_samples_per_prompt", "critic_lr", "temperature", "init_kl_coef")
+    assert all(config["ppo"][key] == demo_config["ppo"][key] for key in same)
+    assert config["model"]["policy"] == demo["record"]["paths"]["sft_policy"] and config["sft"]["data"] == ""
+    rows = {row["policy"]: row for row in json.loads((folder / "ablation.json").read_text())["rows"]}
+    assert list(rows) == ["sft", "ppo", folder.name]
+    assert rows["ppo"]["actor_updates"] == 1 and rows[folder.name]["actor_updates"] == 2  # 3 iterations, 2 or 1 warm
+    assert rows["sft"]["em"] == demo["record"]["results"]["sft"]["em"]
+    learning = {row["policy"]: row for row in json.loads((out / "learning.json").read_text())["rows"]}
+    assert rows["ppo"]["reward"] == learning["ppo"]["reward"]  # taken from bench/demo_learning.py's rows
+    scored = json.loads((out / "eval" / f"ablation_{folder.name}" / "scores.json").read_text())
+    assert rows[folder.name]["em"] == scored["average"]["final"]["em"]
+    assert math.isfinite(rows[folder.name]["reward"]) and rows[folder.name]["kl_max"] >= 0
+    line = next(line for line in first.stdout.splitlines() if line.startswith(folder.name))
+    again = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert again.returncode == 0 and "read back from" in again.stdout and line in again.stdout.splitlines()
+    wrong = subprocess.run([*command[:4], "--set", "ppo.actor_rate=1"], capture_output=True, text=True, timeout=300,
+                           cwd=ROOT)  # fmt: skip
+    assert wrong.returncode != 0 and "--set ppo.actor_rate: no such setting" in wrong.stderr
 
 
 @pytest.mark.slow

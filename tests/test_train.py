@@ -324,6 +324,25 @@ def test_train_local_refuses_a_rerun_with_other_settings(world, tmp_path):
         check_config(tmp_path, config(iterations=3, eps_clip_high=0.28))
 
 
+def test_dotted_settings_change_a_config_typed_as_the_flags_are(world, tmp_path):
+    from r3_env.train.local import LocalTrainConfig
+
+    base = LocalTrainConfig(
+        RunConfig(out=str(tmp_path)), ModelConfig(policy="p"), SFTConfig(), PPOConfig(), world["rollout"]
+    )
+    changed = base.with_settings({"ppo.actor_lr": "1e-5", "ppo.critic_warmup": "2", "out": str(tmp_path / "b")})
+    assert changed.ppo.actor_lr == 1e-5 and changed.ppo.critic_warmup == 2 and changed.run.out == str(tmp_path / "b")
+    assert changed.ppo.temperature == base.ppo.temperature and changed.rollout == base.rollout
+    assert base.ppo.actor_lr == PPOConfig().actor_lr  # the original is left as it was
+    assert base.with_settings({"env.topk": "7"}).rollout.env.topk == 7  # the rollout's sections too
+    with pytest.raises(ConfigError, match=r"ppo\.actor_rate: no such setting.*SECTION one of model, sft, ppo"):
+        base.with_settings({"ppo.actor_rate": "1"})
+    with pytest.raises(ConfigError, match=r"actor_lr must be float, got 'fast'"):
+        base.with_settings({"ppo.actor_lr": "fast"})
+    with pytest.raises(ConfigError, match="learning rates.*must be positive"):
+        base.with_settings({"ppo.actor_lr": "-1"})
+
+
 def test_cli_errors_name_the_setting_and_the_fix(world, tmp_path):
     from conftest import run_r3rag
 

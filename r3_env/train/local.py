@@ -48,6 +48,23 @@ class LocalTrainConfig:
             **dataclasses.asdict(self.rollout),
         }
 
+    def with_settings(self, settings: dict[str, Any], where: str = "--set") -> LocalTrainConfig:
+        """A copy with dotted settings changed (``ppo.actor_lr``, ``out``: the keys of ``r3rag train local``),
+        typed and checked as its flags are; an unknown key is a ConfigError naming it and the sections."""
+        from r3_env.config import configs_from_values
+        from r3_env.train.config import SECTIONS
+
+        values = self.to_json()
+        values = {**values.pop("run"), **values}
+        for key, value in settings.items():
+            section, _, name = key.rpartition(".")
+            target = values.get(section) if section else values
+            if not isinstance(target, dict) or name not in target:
+                sections = ", ".join(k for k, v in values.items() if isinstance(v, dict))
+                raise ConfigError(f"{where} {key}: no such setting; keys are SECTION.NAME, SECTION one of {sections}")
+            target[name] = value
+        return LocalTrainConfig.from_sections(*configs_from_values(values, SECTIONS, where=where))
+
 
 def _changed(old: dict, new: dict, defaults: dict[str, Any], prefix: str = "") -> list[str]:
     """Dotted keys whose values differ; a key the old record lacks (a setting added since) at its default does not."""
