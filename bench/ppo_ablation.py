@@ -42,12 +42,12 @@ def parse_settings(pairs: list[str]) -> dict[str, str]:
 
 
 def actor_summary(run: Path) -> dict[str, float]:
-    """What PPO did to the actor: its update count, KL to the reference, clipped ratios, sampled rewards."""
+    """What PPO did to the actor: iterations that trained it, KL to the reference, clipped ratios, sampled rewards."""
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     ppo = [row for row in rows if row["stage"] == "ppo"]
     trained = [row for row in ppo if row.get("actor_trained")]
     return {
-        "actor_updates": len(trained),
+        "actor_iterations": len(trained),
         "kl_max": max((abs(row["kl"]) for row in ppo), default=0.0),
         "clip_ratio": statistics.mean(row["clip_ratio"] for row in trained) if trained else 0.0,
         "sampled_reward": statistics.mean(row["reward"] for row in ppo),
@@ -116,14 +116,14 @@ def main() -> None:
         rows[1].update(actor_summary(Path(record["paths"]["train"])))
         folder.mkdir(parents=True, exist_ok=True)
         saved.write_text(json.dumps({"settings": settings, "rows": rows}, indent=2) + "\n")
-    columns = ("dev EM %", "dev F1 %", "mean reward", "format err %", "actor updates", "max |KL|", "clipped %",
+    columns = ("dev EM %", "dev F1 %", "mean reward", "format err %", "actor iterations", "max |KL|", "clipped %",
                "sampled reward", "sampled correct %")  # fmt: skip
     print(f"\n{'policy':<28}" + "".join(f"{c:>19}" for c in columns))
     for row in rows:
         cells = [f"{100 * row['em']:.1f}", f"{100 * row['f1']:.1f}", f"{row['reward']:.3f}",
                  f"{100 * row['format_error']:.1f}"]  # fmt: skip
-        if "actor_updates" in row:
-            cells += [str(row["actor_updates"]), f"{row['kl_max']:.2e}", f"{100 * row['clip_ratio']:.2f}",
+        if "actor_iterations" in row:
+            cells += [str(row["actor_iterations"]), f"{row['kl_max']:.2e}", f"{100 * row['clip_ratio']:.2f}",
                       f"{row['sampled_reward']:.3f}", f"{100 * row['sampled_correct']:.1f}"]  # fmt: skip
         text = "".join(f"{cell:>19}" for cell in cells)
         print(f"{row['policy']:<28}{text}")

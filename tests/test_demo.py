@@ -184,7 +184,7 @@ def test_the_ppo_ablation_bench_trains_again_from_the_sft_policy_with_the_settin
     assert config["model"]["policy"] == demo["record"]["paths"]["sft_policy"] and config["sft"]["data"] == ""
     rows = {row["policy"]: row for row in json.loads((folder / "ablation.json").read_text())["rows"]}
     assert list(rows) == ["sft", "ppo", folder.name]
-    assert rows["ppo"]["actor_updates"] == 1 and rows[folder.name]["actor_updates"] == 2  # 3 iterations, 2 or 1 warm
+    assert rows["ppo"]["actor_iterations"] == 1 and rows[folder.name]["actor_iterations"] == 2  # of 3, 2 or 1 warm
     assert rows["sft"]["em"] == demo["record"]["results"]["sft"]["em"]
     learning = {row["policy"]: row for row in json.loads((out / "learning.json").read_text())["rows"]}
     assert rows["ppo"]["reward"] == learning["ppo"]["reward"]  # taken from bench/demo_learning.py's rows
