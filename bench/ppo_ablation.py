@@ -94,8 +94,9 @@ def main() -> None:
     data = demo.sources()
     sft_policy = Path(record["paths"]["sft_policy"])
     saved = folder / "ablation.json"
-    if saved.is_file() and json.loads(saved.read_text())["settings"] == settings:
-        rows = json.loads(saved.read_text())["rows"]
+    kept = json.loads(saved.read_text()) if saved.is_file() else {}
+    if kept.get("settings") == settings:
+        rows = kept["rows"]
         print(f"read back from {saved}", flush=True)
     else:
         with demo.serving() as urls:
@@ -108,12 +109,12 @@ def main() -> None:
         rewards = demo_rewards(Path(args.demo))  # bench/demo_learning.py's, when it has scored this demo
         rewards.update(policy_rewards(demo, {key: value for key, value in folders.items() if key not in rewards}))
         final = {**{key: record["results"][key] for key in ("sft", "ppo")}, name: scores["average"]["final"]}
+        runs = {"ppo": Path(record["paths"]["train"]), name: folder / "train"}  # the PPO runs, for what they did
         rows = [
             {"policy": key, "em": final[key]["em"], "f1": final[key]["f1"], **rewards[key],
-             **(actor_summary(folder / "train") if key == name else {})}
+             **(actor_summary(runs[key]) if key in runs else {})}
             for key in folders
         ]  # fmt: skip
-        rows[1].update(actor_summary(Path(record["paths"]["train"])))
         folder.mkdir(parents=True, exist_ok=True)
         saved.write_text(json.dumps({"settings": settings, "rows": rows}, indent=2) + "\n")
     columns = ("dev EM %", "dev F1 %", "mean reward", "format err %", "actor iterations", "max |KL|", "clipped %",

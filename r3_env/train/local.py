@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from r3_env.config import ConfigError
+from r3_env.config import ConfigError, configs_from_values
 from r3_env.rollout import RolloutConfig
-from r3_env.train.config import ModelConfig, PPOConfig, RunConfig, SFTConfig
+from r3_env.train.config import SECTIONS, ModelConfig, PPOConfig, RunConfig, SFTConfig
 from r3_env.train.metrics import MetricsLog
 
 logger = logging.getLogger(__name__)
@@ -51,9 +51,6 @@ class LocalTrainConfig:
     def with_settings(self, settings: dict[str, Any], where: str = "--set") -> LocalTrainConfig:
         """A copy with dotted settings changed (``ppo.actor_lr``, ``out``: the keys of ``r3rag train local``),
         typed and checked as its flags are; an unknown key is a ConfigError naming it and the sections."""
-        from r3_env.config import configs_from_values
-        from r3_env.train.config import SECTIONS
-
         values = self.to_json()
         values = {**values.pop("run"), **values}
         for key, value in settings.items():
