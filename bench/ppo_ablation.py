@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from demo_learning import policy_rewards  # noqa: E402
 
-from demo.run import Demo, DemoConfig  # noqa: E402
+from demo.run import Demo  # noqa: E402
 from r3_env.config import ConfigError  # noqa: E402
 
 
@@ -74,10 +74,10 @@ def main() -> None:
     parser.add_argument("--vllm_python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    record_path = Path(args.demo) / "demo.json"
-    if not record_path.is_file():
-        sys.exit(f"--demo: {record_path} is missing; give the --out folder of a finished `r3rag demo` run")
-    record = json.loads(record_path.read_text())
+    try:
+        demo, record = Demo.from_folder(args.demo, rollout_engine=args.rollout_engine, vllm_python=args.vllm_python)
+    except ValueError as error:
+        sys.exit(f"--demo: {error}")
     if set(record.get("results", {})) != {"untrained", "sft", "ppo"}:
         sys.exit(f"--demo: {args.demo} has not finished (no PPO evaluation yet); let its demo run finish first")
     try:
@@ -89,8 +89,6 @@ def main() -> None:
     name = args.name or "_".join(f"{key.split('.')[-1]}{value}" for key, value in settings.items())
     name = re.sub(r"[^A-Za-z0-9.+-]+", "_", name)
     folder = Path(args.demo) / "ablations" / name
-    demo = Demo(DemoConfig(**{**record["config"], "rollout_engine": args.rollout_engine,
-                              "vllm_python": args.vllm_python}))  # fmt: skip
     data = demo.sources()
     sft_policy = Path(record["paths"]["sft_policy"])
     saved = folder / "ablation.json"

@@ -11,7 +11,6 @@ ratio of the engines' means. The vLLM side needs ``bash scripts/setup_vllm.sh`` 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import statistics
@@ -21,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from demo.run import Demo, DemoConfig  # noqa: E402
+from demo.run import Demo  # noqa: E402
 
 ENGINES = ("hf", "vllm")
 COLUMNS = ("iteration_s", "sync_s", "generation_s", "training_s", "reward", "correct", "response_tokens")
@@ -40,28 +39,16 @@ def main() -> None:
     parser.add_argument("--out", default="", help="default: DEMO/rollout_engines")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    record = Path(args.demo) / "demo.json"
-    if not record.is_file():
-        sys.exit(f"--demo: {record} is missing; give the --out folder of a finished `r3rag demo` run")
-    recorded = json.loads(record.read_text())
-    sft_policy = Path(recorded["paths"].get("sft_policy", ""))
-    if not (sft_policy / "config.json").is_file():
-        sys.exit(f"--demo: {args.demo} has no SFT policy yet; let its demo run finish first")
     out = Path(args.out or Path(args.demo) / "rollout_engines")
-    demos = {
-        engine: Demo(DemoConfig(**{**recorded["config"], "rollout_engine": engine, "vllm_python": args.vllm_python}))
-        for engine in ENGINES
-    }
-    data = demos["hf"].sources()
+    try:
+        demos = {engine: Demo.from_folder(args.demo, rollout_engine=engine, vllm_python=args.vllm_python)[0]
+                 for engine in ENGINES}  # fmt: skip
+        sft_policy = demos["hf"].finished_sft_policy()
+    except ValueError as error:
+        sys.exit(f"--demo: {error}")
     with demos["hf"].serving() as urls:
         for engine, engine_demo in demos.items():
-            train = engine_demo.train_config(sft_policy, "", data.prompts, *urls)  # PPO only, from the SFT policy
-            train = dataclasses.replace(
-                train,
-                run=dataclasses.replace(train.run, out=str(out / engine)),
-                ppo=dataclasses.replace(train.ppo, iterations=args.iterations),
-            )
-            engine_demo.train_ppo(train, sft_policy)
+            engine_demo.ppo_again({"ppo.iterations": args.iterations}, out / engine, urls)
     rows = {engine: ppo_rows(out / engine) for engine in ENGINES}
     print(f"\n{'engine':<8}{'iteration':>10}" + "".join(f"{c:>17}" for c in COLUMNS))
     for engine, engine_rows in rows.items():

@@ -341,6 +341,17 @@ class Demo:
         self.urls: dict[str, str] = {}
         self.data: DemoData | None = None  # set by the first stage
 
+    @classmethod
+    def from_folder(cls, out: str | Path, **overrides: Any) -> tuple[Demo, dict[str, Any]]:
+        """The demo recorded in ``out``'s demo.json, with ``overrides`` of its settings, and the record itself.
+
+        For benches that build on a finished demo (its SFT policy, services and evaluation)."""
+        path = Path(out) / DEMO_FILE
+        if not path.is_file():
+            raise ValueError(f"{path} is missing: give the --out folder of an `r3rag demo` run")
+        record = json.loads(path.read_text())
+        return cls(DemoConfig(**{**record["config"], **overrides})), record
+
     @contextmanager
     def stage(self, name: str, title: str) -> Iterator[None]:
         logger.info("== %s", title)
@@ -617,12 +628,17 @@ class Demo:
             ppo = dataclasses.replace(config.ppo, vllm_url=server.url)
             return train_local(dataclasses.replace(config, ppo=ppo))["ppo"]
 
-    def ppo_again(self, settings: dict[str, Any], out: Path, urls: tuple[str, str]) -> Path:
-        """PPO from this finished demo's SFT policy into ``out`` (resumes), with the dotted ``r3rag train local``
-        settings given changed and the rest the demo's: the policy it ends with."""
+    def finished_sft_policy(self) -> Path:
+        """The SFT policy of this demo's folder; a ValueError when SFT has not finished there."""
         sft_policy = self.out / "train" / "sft" / "policy"
         if not (sft_policy / "config.json").is_file():
             raise ValueError(f"{self.out} has no SFT policy yet ({sft_policy}): let its demo run finish first")
+        return sft_policy
+
+    def ppo_again(self, settings: dict[str, Any], out: Path, urls: tuple[str, str]) -> Path:
+        """PPO from this finished demo's SFT policy into ``out`` (resumes), with the dotted ``r3rag train local``
+        settings given changed and the rest the demo's: the policy it ends with."""
+        sft_policy = self.finished_sft_policy()
         data = self.data or self.sources()
         config = self.train_config(sft_policy, "", data.prompts, *urls)  # PPO only, from the SFT policy
         return self.train_ppo(config.with_settings({**settings, "out": str(out)}), sft_policy)
