@@ -15,13 +15,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,6 +70,7 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from demo.services import ServiceProcess
     from eval.engines import EngineConfig, GenerationConfig, TokenEngine
     from eval.run import EvalRunConfig, run_eval
     from eval.score import ScoreConfig, score_run
@@ -97,23 +96,11 @@ def main() -> None:
     )  # fmt: skip
 
     reward_yaml = work / "reward.yaml"
-    port = 18000 + int(time.time()) % 1000
-    reward_yaml.write_text(yaml.safe_dump({"judge": {"backend": "lexical"}, "service": {"port": port}}))
-    server = subprocess.Popen([sys.executable, "-m", "r3_env.cli", "reward", "serve", "--config", str(reward_yaml)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+    reward_yaml.write_text(yaml.safe_dump({"judge": {"backend": "lexical"}}))
+    with ServiceProcess(["reward", "serve", "--config", str(reward_yaml)], log=work / "reward.log") as server:
         started = time.perf_counter()
-        scores = asyncio.run(score_run(ScoreConfig(run=config.out), JudgeConfig(url=url)))
+        scores = asyncio.run(score_run(ScoreConfig(run=config.out), JudgeConfig(url=server.url)))
         scoring_s = time.perf_counter() - started
-    finally:
-        server.terminate()
     final = scores["average"]["final"]
     steps = f"{final['avg_retrievals']:.2f} retrievals, {final['avg_steps']:.2f} steps each"
     print(f"questions                 {stats.done}  ({steps})")

@@ -666,11 +666,11 @@ class Demo:
         index = self.index(data)
         retriever, reward = self.services(data, index)
         results: dict[str, Any] = {}
-        with self.stage("services", "3. retrieval service and reward server (local processes)"):
-            retriever.start()
-            reward.start()
-        self.urls = {"retriever": retriever.url, "reward": reward.url}
-        try:
+        try:  # the services stop however this ends: an error, Ctrl-C or SIGTERM (see stop_services_on_sigterm)
+            with self.stage("services", "3. retrieval service and reward server (local processes)"):
+                retriever.start()
+                reward.start()
+            self.urls = {"retriever": retriever.url, "reward": reward.url}
             logger.info(
                 "retrieval service %s, reward server %s (logs in %s)", retriever.url, reward.url, self.paths["services"]
             )

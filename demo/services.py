@@ -8,9 +8,11 @@ tests start theirs with the same class.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -19,6 +21,22 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    signal.signal(signum, signal.SIG_DFL)  # a second SIGTERM during the clean-up ends the process at once
+    raise SystemExit(128 + signum)
+
+
+def stop_services_on_sigterm() -> None:
+    """Make SIGTERM unwind this process (SystemExit), so that each service's ``with`` block stops its child.
+
+    Python's default action ends the process at once and leaves its services running, holding their ports,
+    memory and (a vLLM server) every core. Installed from the main thread only, and only over the default
+    action: a program's own SIGTERM handler wins.
+    """
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
 
 
 class ServiceProcess:
@@ -52,6 +70,7 @@ class ServiceProcess:
     def start(self) -> ServiceProcess:
         import httpx
 
+        stop_services_on_sigterm()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "w")
         self.process = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT, env=self.env)
