@@ -90,7 +90,6 @@ def main() -> None:
     name = re.sub(r"[^A-Za-z0-9.+-]+", "_", name)
     folder = Path(args.demo) / "ablations" / name
     data = demo.sources()
-    sft_policy = Path(record["paths"]["sft_policy"])
     saved = folder / "ablation.json"
     kept = json.loads(saved.read_text()) if saved.is_file() else {}
     if kept.get("settings") == settings:
@@ -103,7 +102,7 @@ def main() -> None:
             except ConfigError as error:
                 sys.exit(str(error))
             scores = demo.evaluate(f"ablation_{name}", policy, data.eval, *urls)
-        folders = {"sft": sft_policy, "ppo": Path(record["paths"]["ppo_policy"]), name: policy}
+        folders = {"sft": demo.finished_sft_policy(), "ppo": Path(record["paths"]["ppo_policy"]), name: policy}
         rewards = demo_rewards(Path(args.demo))  # bench/demo_learning.py's, when it has scored this demo
         rewards.update(policy_rewards(demo, {key: value for key, value in folders.items() if key not in rewards}))
         final = {**{key: record["results"][key] for key in ("sft", "ppo")}, name: scores["average"]["final"]}
