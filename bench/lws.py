@@ -11,7 +11,7 @@ group-normalised RL, rewarding only the answer and the format). A rerun resumes.
 - the training RC (mean retrievals per rollout episode) at the end of stage 1 and at the end of
   stage 2, each the mean of that stage's last two iterations, and the training accuracy at the end.
 
-The paper's claim (LWS.md section 4): stage 2 lowers RC with accuracy held. Results go to
+The paper's claim (docs/recipes/lws.md#the-papers-figures): stage 2 lowers RC with accuracy held. Results go to
 OUT/lws.json too.
 """
 

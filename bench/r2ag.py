@@ -21,9 +21,9 @@ hop"). The oracle's queries are the evidence chains the evidence teacher writes
 
 This is the upper bound of the machinery with this retriever, not a policy: the queries come from the
 gold annotation. Single-shot BM25 retrieves with the question alone at k = the tree's mean @K (rounded)
-and at k = 5 (the paper's SR@5). The paper's figures (R2AG.md section 4) stand beside for scale: they use
-multilingual-e5-large-instruct over a larger corpus (1,000 dev questions' paragraphs) and a trained
-Qwen3-8B steering model.
+and at k = 5 (the paper's SR@5). The paper's figures (docs/recipes/r2ag.md#the-papers-figures) stand
+beside for scale: they use multilingual-e5-large-instruct over a larger corpus (1,000 dev questions'
+paragraphs) and a trained Qwen3-8B steering model.
 
 Synthetic world (--skip_synthetic to leave out): a small generated world and its BM25 index; the oracle
 (the world's question_decomposition), the tiny random policy ("untrained"), and the same policy after
@@ -72,7 +72,8 @@ logger = logging.getLogger("bench.r2ag")
 
 DATASETS = ("hotpotqa", "2wikimultihopqa", "musique")
 SHARED_DATA = Path(os.environ.get("R3RAG_SHARED_DATA", ROOT.parent / "shared" / "data"))
-# R2AG.md section 4: Recall / Full-Recall / @K (e5 retriever, Qwen3-8B steering model, base queries top-1).
+# docs/recipes/r2ag.md#the-papers-figures: Recall / Full-Recall / @K (e5 retriever, Qwen3-8B steering model,
+# base queries top-1).
 PAPER = {
     "hotpotqa": {"sr5": (85.1, 71.6, 5.0), "r2ag": (90.8, 84.2, 3.2)},
     "2wikimultihopqa": {"sr5": (52.1, 0.2, 5.0), "r2ag": (97.6, 94.1, 4.5)},
@@ -391,7 +392,8 @@ def synthetic_part(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             )
             runs = [("tiny policy, untrained", settings, str(policy0)), (rounds_label, settings, trained)]
             if args.cold_start:
-                # the model factory's default size (README's R2AG recipe): the test-sized model is too small to learn
+                # the model factory's default size (docs/recipes/r2ag.md#run-it): the test-sized model is too
+                # small to learn
                 policy1 = build_tiny_policy(
                     world, work / f"{world.name}-policy0-default", TinyModelConfig(step_format="multi_query")
                 )

@@ -40,7 +40,8 @@ sys.path.insert(0, str(ROOT))
 
 from demo.run import Demo, DemoConfig  # noqa: E402
 
-# R3-RAG (Qwen2.5-7B, E5 over Wikipedia 2018, full dev sets), spec section 5: ACC / F1 / EM.
+# R3-RAG (Qwen2.5-7B, E5 over Wikipedia 2018, full dev sets), docs/recipes/r3-rag.md#the-papers-figures:
+# ACC / F1 / EM.
 PAPER = {"hotpotqa": (65.5, 59.7, 46.4), "2wikimultihopqa": (62.3, 62.7, 54.2), "musique": (33.6, 34.0, 21.4)}
 
 

@@ -297,7 +297,7 @@ class DemoConfig:
         return dataclasses.replace(budget, **overrides)
 
 
-# The demo's RL environment: the paper's (spec section 3: top-5, unseen documents only, at most 10,
+# The demo's RL environment: the paper's (docs/recipes/r3-rag.md#stage-2-rl: top-5, unseen documents only, at most 10,
 # 512 characters each) with one new document per step instead of two and shorter steps, which halves
 # a transcript's tokens (about 720 instead of 1,360 with the demo's tokenizer) and so CPU time.
 ENV = {

@@ -45,7 +45,7 @@ RETRIEVAL_COLUMNS = (
     ("avg_docs", "docs"),
     ("avg_steps", "steps"),
 )
-# R2AG's retrieval table (spec section 4): the tree and single-shot retrieval at matched @K
+# R2AG's retrieval table (docs/recipes/r2ag.md#evaluation): the tree and single-shot retrieval at matched @K
 TREE_COLUMNS = (
     ("recall", "Recall"),
     ("full_recall", "Full-Recall"),

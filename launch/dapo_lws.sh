@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# "Learning when to search" (spec LWS.md) on OpenRLHF: DAPO (group-normalised advantages, no critic, clip
+# "Learning when to search" (docs/recipes/lws.md) on OpenRLHF: DAPO (group-normalised advantages, no critic, clip
 # 0.2 / 0.28, dynamic filtering, KL loss 1e-4) on the two-stage lws reward, with the paper's settings.
 #
 #   ray job submit --address=http://HEAD:8265 --runtime-env-json='{"working_dir": "."}' -- bash launch/dapo_lws.sh

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# R2AG (spec R2AG.md) on OpenRLHF: one progressive round of DAPO (group-normalised advantages, no critic, clip
+# R2AG (docs/recipes/r2ag.md) on OpenRLHF: one progressive round of DAPO (group-normalised advantages, no critic, clip
 # 0.2 / 0.28, dynamic filtering) on the retrieval steering model's expansion steps, with the Top-Survivor reward
 # (launch/configs/r2ag.yaml) and the paper's settings. One training sample is one expansion step.
 #

@@ -17,7 +17,7 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 split_dry_run "$@"
 
-CONFIG="${CONFIG:?set CONFIG to a retriever.yaml (see README, Retrieval)}"
+CONFIG="${CONFIG:?set CONFIG to a retriever.yaml (see docs/components/retrieval.md)}"
 FAISS_GPU="${FAISS_GPU:-auto}"
 R3RAG="${R3RAG:-r3rag}"
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# R3-RAG's cold-start SFT (spec section 2) on OpenRLHF's SFT trainer: full fine-tuning, DeepSpeed ZeRO-3,
-# max length 4096, 3 epochs; lr 7e-6 and batch 16 for Qwen2.5-7B, 1e-5 and 8 for Llama-3.1-8B.
+# R3-RAG's cold-start SFT (docs/recipes/r3-rag.md#stage-1-cold-start) on OpenRLHF's SFT trainer: full
+# fine-tuning, DeepSpeed ZeRO-3, max length 4096, 3 epochs; lr 7e-6 and batch 16 for Qwen2.5-7B, 1e-5 and 8
+# for Llama-3.1-8B.
 #
 #   r3rag coldstart synth ...  &&  r3rag coldstart sft-data --input runs/coldstart/trajectories.jsonl
 #   bash launch/sft_coldstart.sh                 # one node, every GPU (deepspeed launcher)

@@ -5,8 +5,8 @@ the documents it brought back. A scheme turns it into per-step rewards aligned w
 steps (each retrieval step, then the final answer or the step that broke the format); their sum
 is the scalar episode reward.
 
-- ``r3`` is R3-RAG's scheme (spec section 3, the official constants, all configurable): process
-  rewards (relevance) scaled by the outcome, plus the answer step's reward.
+- ``r3`` is R3-RAG's scheme (docs/recipes/r3-rag.md#stage-2-rl: the official constants, all configurable):
+  process rewards (relevance) scaled by the outcome, plus the answer step's reward.
 - ``outcome`` is the ablation without process rewards: the same answer and format terms.
 - ``lws`` is "Learning when to search"'s r = r_a + r_s + r_f: a staged answer reward (stage 1
   rewards retrieving when wrong, stage 2 charges retrieval when right), a search term (query
@@ -14,7 +14,7 @@ is the scalar episode reward.
   episode-level reward, placed at the last step.
 - ``gold_hit`` rewards each retrieval step by the gold passages it found first, and answering
   once all were found; answering before that zeroes the episode. It needs no judge.
-- ``top_survivor`` is R2AG's expansion-step reward (R2AG.md section 2) for the ``multi_query``
+- ``top_survivor`` is R2AG's expansion-step reward (docs/recipes/r2ag.md#rewards) for the ``multi_query``
   format: new gold documents among each query's top-1 (Multi-Hit), stopping with every gold
   document found (Joint-Hit), the average precision of the first t base and predicted queries'
   top-1 results (Top-t/x AP) and a small format bonus. It needs only the gold passage ids.
@@ -173,7 +173,7 @@ def is_concise(query: str, max_words: int = 10) -> bool:
 
 @dataclass(frozen=True)
 class LWSRewardConfig:
-    """ "Learning when to search" (LWS.md section 2): r = answer (staged by retrieval count RC) + search + format."""
+    """ "Learning when to search" (docs/recipes/lws.md#reward): r = answer (staged by RC) + search + format."""
 
     beta: float = 0.3  # cost (stage 2) or bonus (stage 1, when wrong) per retrieval
     switch_step: int = 100  # training step at which stage 2 starts (0: stage 2 from the start)
@@ -190,7 +190,7 @@ class LWSRewardConfig:
 
 
 def lws_reward(episode: Episode, config: LWSRewardConfig) -> float:
-    """The episode's reward r_a + r_s + r_f (LWS.md section 2).
+    """The episode's reward r_a + r_s + r_f (docs/recipes/lws.md#reward).
 
     r_a: stage 1 (training step < switch_step) gives correct 1, wrong -1 + beta RC; stage 2 gives
     correct 1 - beta RC, wrong -1. No answer counts as wrong. r_s: RC > 1 gives minus the mean
@@ -244,7 +244,7 @@ def gold_hit_step_rewards(episode: Episode, config: GoldHitConfig) -> list[float
 
 @dataclass(frozen=True)
 class TopSurvivorConfig:
-    """R2AG's R = alpha R_MH + beta R_JH + gamma R_AP + omega R_f (R2AG.md section 2; omega is not given)."""
+    """R2AG's R = alpha R_MH + beta R_JH + gamma R_AP + omega R_f (docs/recipes/r2ag.md#rewards; omega not given)."""
 
     alpha: float = 0.2  # Multi-Hit@Top-1: new gold documents among the queries' top-1 results
     beta: float = 0.3  # Joint-Hit@Top-1: every gold document found by the end of the step, and stop signalled

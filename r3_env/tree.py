@@ -41,7 +41,7 @@ SearchMany = Callable[[Sequence[str], int], Awaitable[list[list[Hit]]]]
 
 @dataclass(frozen=True)
 class TreeConfig:
-    """Expansion rules (R2AG spec section 1: k = 1 in training, 1 or 2 at inference; L_MAX = 5)."""
+    """Expansion rules (docs/recipes/r2ag.md#the-retrieval-tree: k = 1 in training, 1 or 2 at inference; L_MAX 5)."""
 
     topk: int = 1  # documents per query
     max_iterations: int = 5  # L_MAX

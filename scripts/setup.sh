@@ -18,7 +18,7 @@ LOCK=requirements/cpu.lock
 
 if [[ "$EXTRAS" == *gpu* ]]; then
     echo "scripts/setup.sh sets up CPU machines; on a GPU cluster use the docker/ image or" >&2
-    echo "'pip install -e .[gpu]' after a CUDA build of torch (see README, Cluster)." >&2
+    echo "'pip install -e .[gpu]' after a CUDA build of torch (see docs/cluster.md)." >&2
     exit 2
 fi
 

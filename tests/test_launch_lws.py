@@ -1,6 +1,6 @@
 """launch/dapo_lws.sh: "Learning when to search" with DAPO, its flags through OpenRLHF's own parser.
 
-The script is launch/ppo_r3.sh with ALGO=dapo and the paper's settings (spec LWS.md section 3); the
+The script is launch/ppo_r3.sh with ALGO=dapo and the paper's settings (docs/recipes/lws.md#training); the
 stage schedule (SWITCH_STEP, BETA) reaches the agent through $R3RAG_AGENT_OVERRIDES.
 """
 
@@ -41,7 +41,7 @@ def test_dapo_lws_resolves_to_the_papers_settings_in_openrlhfs_parser(monkeypatc
     assert args.algo.dynamic_filtering_enable and list(args.algo.dynamic_filtering_range) == [0, 1]
     assert args.actor.loss_agg_mode == "token-mean"
     assert args.algo.kl.use_loss and args.algo.kl.init_coef == 1e-4  # the paper's kl_loss_coef
-    # LWS.md section 3: 32 rollouts per prompt, batch 32, temperature and top-p 1.0, lr 1e-6, 500 steps
+    # docs/recipes/lws.md#training: 32 rollouts per prompt, batch 32, temperature and top-p 1.0, lr 1e-6, 500 steps
     assert (args.rollout.n_samples_per_prompt, args.rollout.batch_size) == (32, 32)
     assert (args.rollout.temperature, args.rollout.top_p, args.actor.adam.lr) == (1.0, 1.0, 1e-6)
     assert (args.data.max_samples, args.train.num_episodes) == (500 * 32, 1)

@@ -1,7 +1,7 @@
 """launch/dapo_r2ag.sh: one progressive round of R2AG with DAPO, its flags through OpenRLHF's own parser.
 
-The script is launch/ppo_r3.sh with ALGO=dapo and the paper's settings (spec R2AG.md section 3); the
-driver (``r3rag r2ag train --trainer openrlhf``) calls it once per round with PROMPT_DATA, POLICY and
+The script is launch/ppo_r3.sh with ALGO=dapo and the paper's settings (docs/recipes/r2ag.md#progressive-training);
+the driver (``r3rag r2ag train --trainer openrlhf``) calls it once per round with PROMPT_DATA, POLICY and
 SAVE_DIR set, and the agent reads launch/configs/r2ag.yaml through $R3RAG_AGENT_CONFIG.
 """
 
@@ -48,7 +48,8 @@ def test_dapo_r2ag_resolves_to_the_papers_settings_in_openrlhfs_parser(monkeypat
     assert args.algo.dynamic_filtering_enable
     low, high = args.algo.dynamic_filtering_range
     assert low == 0 and math.isinf(high) and high > 0
-    # R2AG.md section 3: G = 12, prompt batch 128, lr 1e-6, about 80 steps, 2,048 prompt + 4,096 output tokens
+    # docs/recipes/r2ag.md#progressive-training: G = 12, prompt batch 128, lr 1e-6, about 80 steps,
+    # 2,048 prompt + 4,096 output tokens
     assert (args.rollout.n_samples_per_prompt, args.rollout.batch_size) == (12, 128)
     assert args.actor.adam.lr == 1e-6
     assert (args.data.max_samples, args.train.num_episodes) == (80 * 128, 1)

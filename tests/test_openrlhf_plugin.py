@@ -327,7 +327,7 @@ def test_launch_scripts_resolve_to_the_papers_settings_in_openrlhfs_parser(scrip
     assert (args.critic.model_name_or_path is not None) == critic
     assert args.train.agent_func_path.endswith("r3_env/openrlhf/agent.py")
     assert args.reward.remote_url == ["agent"]
-    if estimator == "gae":  # R3-RAG's RL settings (spec section 3)
+    if estimator == "gae":  # R3-RAG's RL settings (docs/recipes/r3-rag.md#stage-2-rl)
         assert (args.actor.adam.lr, args.critic.adam.lr, args.algo.kl.init_coef) == (5e-7, 9e-6, 0.01)
         assert (args.rollout.batch_size, args.train.batch_size, args.rollout.n_samples_per_prompt) == (64, 64, 4)
         assert (args.train.num_episodes, args.ds.zero_stage, args.ds.param_dtype) == (4, 2, "bf16")

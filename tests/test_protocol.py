@@ -142,7 +142,8 @@ TAGS_INVALID = [
     ("<reflect>r</reflect><think>a</think><answer>b</answer>", FormatReason.MISPLACED_REFLECTION),
 ]
 
-# (step, after documents, the reason check_turn gives, or None): the two shapes of LWS spec section 1
+# (step, after documents, the reason check_turn gives, or None): the two shapes of
+# docs/recipes/lws.md#rollout-format
 TAGS_TURNS = [
     (Step("a", query="q"), False, None),
     (Step("a", query="q", reflection="r"), True, None),

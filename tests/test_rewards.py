@@ -158,7 +158,7 @@ def test_gold_hit_rewards_new_gold_and_completion_and_zeroes_early_stops():
         Episode(Outcome.CORRECT, [0], new_gold=[3], gold_total=2)
 
 
-# -- top_survivor (R2AG.md section 2): R = 0.2 R_MH + 0.3 R_JH + 0.2 R_AP + R_f ---------------------------
+# -- top_survivor (docs/recipes/r2ag.md#rewards): R = 0.2 R_MH + 0.3 R_JH + 0.2 R_AP + R_f ---------------
 
 HIT = BranchHit(gold=True, new=True)  # a base query whose top-1 is gold, found for the first time
 OLD = BranchHit(gold=True, new=False)  # gold, but in the context or found by an earlier query or step

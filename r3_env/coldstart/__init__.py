@@ -1,4 +1,6 @@
-"""Cold start (spec section 2): Algorithm 1 synthesises trajectories with a teacher, Algorithm 2 makes SFT data.
+"""Cold start: Algorithm 1 synthesises trajectories with a teacher, Algorithm 2 makes SFT data.
+
+The method and the paper's settings: docs/recipes/r3-rag.md#stage-1-cold-start.
 
 - :mod:`.teacher`: the OpenAI-compatible teacher (rate limit, retries) and the teacher interface;
 - :mod:`.scripted`: the synthetic world's scripted teacher (gold decompositions, detours);

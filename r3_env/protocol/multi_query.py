@@ -1,6 +1,6 @@
 """R2AG's expansion step: a reasoning block, several single-hop queries, and a stop signal.
 
-One step of the retrieval steering model (R2AG spec section 1) is::
+One step of the retrieval steering model (docs/recipes/r2ag.md#the-retrieval-tree) is::
 
     <think>what is known, what is missing</think>
     <base-query>one single-hop query</base-query>            (0 to max_base)

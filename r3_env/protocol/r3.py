@@ -78,7 +78,7 @@ def _count_questions(query: str) -> int:
 
 
 class R3Format(StepFormat):
-    """R3-RAG's labelled-section format (spec section 1)."""
+    """R3-RAG's labelled-section format (docs/recipes/r3-rag.md#trajectories)."""
 
     name = "r3"
 

@@ -1,6 +1,6 @@
 """The tag format of Search-R1 and "Learning when to search": think, search, information, reflect, answer.
 
-A trajectory has one of two shapes (LWS spec section 1)::
+A trajectory has one of two shapes (docs/recipes/lws.md#rollout-format)::
 
     <think>...</think> <reflect>...</reflect> <answer>...</answer>              (no retrieval)
 

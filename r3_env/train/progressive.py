@@ -1,4 +1,6 @@
-"""``r3rag r2ag train``: R2AG's progressive iterative training ("self-evolve", R2AG spec section 3).
+"""``r3rag r2ag train``: R2AG's progressive iterative training ("self-evolve").
+
+The method and the paper's settings: docs/recipes/r2ag.md#progressive-training.
 
 An optional cold start (``sft.data``: expansion-step SFT data from ``r3rag coldstart sft-data
 --step_format multi_query``) trains the first policy. Round k trains the steering policy on
