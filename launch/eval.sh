@@ -56,38 +56,8 @@ if [[ "$ENGINE" == "openai" && -z "${ENGINE_URL:-}" ]]; then
     exit 2
 fi
 
-# Each service runs in its own process group (setsid), so stopping it stops everything it started.
-services=()
-stop_services() {
-    local pid
-    for pid in ${services[@]+"${services[@]}"}; do kill -- "-$pid" 2>/dev/null || true; done
-}
+# Each service runs in a session of its own (lib.sh's start_service), stopped however this script ends.
 trap stop_services EXIT
-
-start_service() {  # URL NAME LOG COMMAND...: start it unless something already answers there, then wait for it
-    local url="$1" name="$2" log="$3"
-    shift 3
-    if curl -fsS "$url/health" >/dev/null 2>&1; then
-        echo "something already answers at $url: stop it, or pass its URL (RETRIEVER_URL / REWARD_URL)" >&2
-        exit 1
-    fi
-    setsid "$@" >"$log" 2>&1 &
-    local pid=$!
-    services+=("$pid")
-    local deadline=$((SECONDS + WAIT_S))
-    until curl -fsS "$url/health" >/dev/null 2>&1; do
-        if ! kill -0 "$pid" 2>/dev/null; then
-            echo "$name exited before answering /health: see $log" >&2
-            exit 1
-        fi
-        if (( SECONDS > deadline )); then
-            echo "$name at $url did not answer /health within $WAIT_S s: see $log" >&2
-            exit 1
-        fi
-        sleep 5
-    done
-    echo "[eval] $name is up at $url"
-}
 
 run() {
     if (( dry_run )); then print_command "$@"; else "$@"; fi

@@ -51,6 +51,8 @@
 #   CKPT_DIR          resumable DeepSpeed checkpoints; a rerun resumes from the newest [<SAVE_DIR>/ckpt]
 #   SAVE_STEPS        checkpoint every N steps [20]
 #   WANDB_API_KEY     log to Weights & Biases when set; TENSORBOARD_DIR to TensorBoard [<SAVE_DIR>/tb]
+#   TRAJECTORY_LOG    append every episode's record (steps, queries, documents, rewards) to this JSON-lines
+#                     file, "{pid}" replaced by each vLLM engine's process id (policy.trajectory_log) [none]
 #   PYTHON            [python3]
 set -euo pipefail
 
@@ -67,7 +69,7 @@ for name in POLICY PROMPT_DATA INPUT_KEY LABEL_KEY RETRIEVER_URL REWARD_URL AGEN
     QUERY_ENCODER ALGO KL_COEF DYNAMIC_FILTERING DYNAMIC_FILTERING_RANGE PLACEMENT ROLLOUT_BATCH START_STEP \
     NODES GPUS_PER_NODE COLOCATE ACTOR_NODES ACTOR_GPUS_PER_NODE CRITIC_NODES CRITIC_GPUS_PER_NODE \
     VLLM_ENGINES VLLM_TP VLLM_GPU_MEMORY SAMPLES_PER_PROMPT ACTOR_LR EPISODES MAX_LEN SAVE_DIR CKPT_DIR \
-    SAVE_STEPS TENSORBOARD_DIR; do
+    SAVE_STEPS TENSORBOARD_DIR TRAJECTORY_LOG; do
     if [[ -n "${!name+set}" ]]; then value="${!name}"; set_here+=("$name=${value#"$repo"/}"); fi
 done
 
@@ -229,6 +231,7 @@ overrides+=", \"reward.placement\": \"$PLACEMENT\", \"reward.episodes_per_step\"
 overrides+=", \"reward.start_step\": $START_STEP"
 if [[ -n "${SCHEME:-}" ]]; then overrides+=", \"reward.scheme\": \"$SCHEME\""; fi
 if [[ -n "${QUERY_ENCODER:-}" ]]; then overrides+=", \"reward.query_encoder\": \"$QUERY_ENCODER\""; fi
+if [[ -n "${TRAJECTORY_LOG:-}" ]]; then overrides+=", \"policy.trajectory_log\": \"$TRAJECTORY_LOG\""; fi
 if ! r3_env_dir="$("$PYTHON" -c 'import importlib.util as u; print(u.find_spec("r3_env").submodule_search_locations[0])' 2>/dev/null)"; then
     echo "r3rag is not installed for $PYTHON: pip install -e . (or set PYTHON to the env's python)" >&2
     exit 2
