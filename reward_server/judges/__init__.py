@@ -1,4 +1,5 @@
-"""Judges behind one interface: an OpenAI-compatible endpoint, a local transformers model, or lexical rules."""
+"""Judges behind one interface: an OpenAI-compatible endpoint, a local transformers model, a sentence encoder, or
+lexical rules."""
 
 from __future__ import annotations
 
@@ -13,6 +14,17 @@ def make_judge(config: JudgeConfig, metrics: RewardMetrics) -> Judge:
         from reward_server.judges.lexical import LexicalJudge
 
         return LexicalJudge(snap_to_tenths=config.snap_to_tenths)
+    if config.backend == "dense":
+        from r3_env.model_registry import offline_minilm_path
+        from reward_server.judges.dense import DenseJudge
+
+        return DenseJudge(
+            config.encoder_path or offline_minilm_path(),
+            config.device,
+            config.dense_weight,
+            config.question_weight,
+            snap_to_tenths=config.snap_to_tenths,
+        )
     from reward_server.cache import JudgementCache
     from reward_server.judges.backends import LocalHFBackend, OpenAIChatBackend
     from reward_server.judges.llm import LLMJudge
