@@ -25,7 +25,7 @@ from r3_env.hf_engine import SamplingParams
 from r3_env.protocol import ChatRenderer, Step, Turn
 from r3_env.retrieval.index_builder import IndexBuildConfig, build_index
 from r3_env.rollout import RolloutConfig
-from r3_env.train.config import ModelConfig, PPOConfig, RunConfig, SFTConfig
+from r3_env.train.config import HealthConfig, ModelConfig, PPOConfig, RunConfig, SFTConfig
 from r3_env.train.model_factory import TinyModelConfig, build_tiny_policy
 from r3_env.train.models import load_tokenizer, save_policy
 from r3_env.vllm_client import VLLMServerEngine, VLLMServerError
@@ -262,6 +262,31 @@ def test_critic_warmup_leaves_the_policy_alone(world, tmp_path):
         trainer.close()
 
 
+def test_group_filter_keeps_only_questions_whose_samples_differ():
+    from r3_env.train.ppo import differing_groups
+
+    responses = [{"reward": r, "n": i} for i, r in enumerate([1.0, 1.0, 0.0, 2.0, -0.9, -0.9, 0.5, 0.5000001])]
+    assert [r["n"] for r in differing_groups(responses, 2)] == [2, 3]
+    assert [r["n"] for r in differing_groups(responses, 4)] == [0, 1, 2, 3, 4, 5, 6, 7]
+    with pytest.raises(ValueError, match="n_samples_per_prompt >= 2"):
+        PPOConfig(filter_groups=True, n_samples_per_prompt=1)
+
+
+def test_a_batch_of_uniform_groups_is_filtered_out_and_leaves_the_policy_alone(world, tmp_path):
+    """Scripted episodes repeat per question, so each question's two samples get the same reward."""
+    trainer = make_trainer(world, tmp_path, filter_groups=True, estimator="reinforce")
+    try:
+        trainer.load_prompts()
+        trainer.items = world["items"][:2]
+        trainer.engine.script = Script(trainer.tokenizer, {i.question: gold_plan(i) for i in trainer.items})
+        before = [p.detach().clone() for p in trainer.actor.parameters()]
+        values = trainer.step()
+        assert values["episodes"] == 4 and values["trained_share"] == 0.0 and values["actor_trained"] == 0.0
+        assert all(torch.equal(a, b) for a, b in zip(before, trainer.actor.parameters(), strict=True))
+    finally:
+        trainer.close()
+
+
 def test_lora_trains_only_its_adapters_and_saves_a_merged_policy(world, tmp_path):
     """``model.lora_rank``: peft adapters on the actor, none on the reference; the saved policy is plain HF."""
     from transformers import AutoModelForCausalLM
@@ -446,3 +471,129 @@ def test_ppo_rollouts_from_a_vllm_server_follow_the_actors_weights(world, tmp_pa
         assert token_logprobs(synced, ids, tokens) != pytest.approx(token_logprobs(policy, ids, tokens), abs=1e-3)
         tokens, logprobs = asyncio.run(served())
         assert logprobs == pytest.approx(token_logprobs(synced, ids, tokens), abs=1e-3)
+
+
+# -- health monitoring and the best policy ----------------------------------------------------------------
+
+
+def test_a_collapsing_run_warns_and_keeps_the_best_policy_by_dev_reward(world, tmp_path, caplog):
+    """Scripted steps drive the policy through phases, by the iterations done: a wrong guess, one hop then a
+    wrong guess, the gold plan twice, then a collapse like the no-answer ablation's (one question searched with
+    the question itself until the steps run out, the other a blank query). Real PPO updates (a high learning
+    rate) run throughout; the run is interrupted after iteration 5's rollouts and resumed from its checkpoint.
+    The monitor warns in the log and ``ppo/health.jsonl`` from the collapse on, never before it, and
+    ``ppo/best_policy`` holds the actor of the iteration with the highest dev reward."""
+    import logging
+
+    from eval.report_training import training_charts, training_html, training_markdown
+    from r3_env.train.health import read_health
+    from r3_env.train.metrics import MetricsLog, read_metrics
+
+    train_items, dev_items = world["items"][:2], world["items"][2:4]
+    for name, items in (("train.jsonl", train_items), ("dev.jsonl", dev_items)):
+        (tmp_path / name).write_text("".join(json.dumps(item.to_json()) + "\n" for item in items))
+    blank = query_step("I need it.", "QUERYSLOT").replace("QUERYSLOT", " ")
+
+    def phase(item, done: int, searched: bool) -> list[str]:
+        if done == 0:
+            return [answer_step("A guess.", "Nobody Atall")]
+        if done == 1:
+            return gold_plan(item)[:1] + [answer_step("A guess.", "Nobody Atall")]
+        if done < 4:
+            return gold_plan(item)
+        return [query_step("I search the question.", item.question)] if searched else [blank]
+
+    env = dataclasses.replace(world["rollout"].env, max_steps=3, max_step_tokens=160)
+    rollout = dataclasses.replace(world["rollout"], env=env)
+    snapshots: dict[int, dict[str, torch.Tensor]] = {}
+
+    class Recorder(MetricsLog):
+        """The metrics log, a copy of the actor at each logged iteration, and an interruption after iteration 5."""
+
+        crash = True
+
+        def log(self, stage, step, values):
+            super().log(stage, step, values)
+            snapshots[step] = {k: v.detach().clone() for k, v in trainer.actor.model.state_dict().items()}
+            if step == 5 and Recorder.crash:
+                Recorder.crash = False
+                raise KeyboardInterrupt
+
+    def build():
+        from r3_env.train.ppo import PPOTrainer
+
+        config = PPOConfig(prompts=str(tmp_path / "train.jsonl"), iterations=6, rollout_batch_size=2,
+                           n_samples_per_prompt=2, micro_batch_size=2, train_batch_size=4, max_len=2048,
+                           actor_lr=5e-3, eval_prompts=str(tmp_path / "dev.jsonl"), eval_every=1)  # fmt: skip
+        run = RunConfig(out=str(tmp_path / "run"), seed=3, device="cpu", save_every=1)
+        metrics, health = Recorder(tmp_path / "run", tensorboard=False), HealthConfig(share_floor=0.2)
+        trainer = PPOTrainer(run, ModelConfig(policy=str(world["policy"])), config, rollout, str(world["policy"]),
+                             metrics, health=health)  # fmt: skip
+        plans = {
+            item.question: [phase(item, done, item is not train_items[1]) for done in range(7)]
+            for item in train_items + dev_items
+        }
+        scripts = [Script(trainer.tokenizer, {q: p[done] for q, p in plans.items()}) for done in range(7)]
+        trainer.engine.script = lambda prompt: scripts[trainer.iteration](prompt)
+        return trainer
+
+    caplog.set_level(logging.WARNING, logger="r3_env.train.health")
+    trainer = build()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            trainer.train()
+    finally:
+        trainer.metrics.close()
+        trainer.close()
+    trainer = build()
+    try:
+        trainer.train()
+        assert trainer.best is not None
+    finally:
+        trainer.metrics.close()
+        trainer.close()
+
+    rows = [row for row in read_metrics(tmp_path / "run") if row["stage"] == "ppo"]
+    dev = {row["step"]: row["dev_reward"] for row in rows}
+    assert sorted(dev) == list(range(7))
+    best_iteration = max(dev, key=lambda step: (dev[step], -step))  # the first of the highest
+    folder = tmp_path / "run" / "ppo" / "best_policy"
+    best = json.loads((folder / "best.json").read_text())
+    assert best == {"iteration": best_iteration, "dev_reward": pytest.approx(dev[best_iteration])}
+    assert 0 < best_iteration < 5 and dev[6] < dev[best_iteration]  # the collapse is not kept
+    kept = AutoModelForCausalLM.from_pretrained(folder).state_dict()
+    assert all(torch.equal(kept[k], v) for k, v in snapshots[best_iteration].items() if k in kept)
+    final = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "ppo" / "policy").state_dict()
+    assert any(not torch.equal(kept[k], final[k]) for k in kept)
+
+    by_step = {row["step"]: row for row in rows}
+    assert by_step[6]["no_answer"] == 0.5 and by_step[6]["format_error"] == 0.5
+    assert by_step[6]["copied_queries"] == 1.0 and by_step[6]["repeated_queries"] == pytest.approx(2 / 3)
+    assert by_step[6]["blank_queries"] == pytest.approx(2 / 8)
+    assert by_step[4]["no_answer"] == by_step[4]["copied_queries"] == by_step[4]["blank_queries"] == 0.0
+
+    health = read_health(tmp_path / "run" / "ppo")
+    assert [row["iteration"] for row in health] == [1, 2, 3, 4, 5, 6]
+    signs = {row["iteration"]: {w["sign"] for w in row["warnings"]} for row in health}
+    rising = {f"{name} rising" for name in ("no_answer", "format_error", "blank_queries", "repeated_queries",
+                                            "copied_queries")}  # fmt: skip
+    assert rising <= signs[5] and rising <= signs[6]
+    assert not any(sign.endswith("rising") for i in (1, 2, 3, 4) for sign in signs[i])
+    assert health[4]["baselines"]["no_answer"] == 0.0  # the resumed monitor kept its first iterations' baseline
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(
+        line.startswith("PPO health, iteration 5: unanswered episodes rising: no_answer 0.500, baseline 0.000")
+        for line in lines
+    )
+    assert sum("iteration 6: queries copying the question rising" in line for line in lines) == 1
+
+    charts = training_charts(tmp_path / "run")
+    health_charts = {chart["title"]: chart for chart in charts if chart["group"] == "health"}
+    queries = health_charts["Blank, repeated and copied queries"]
+    assert queries["series"]["copies the question"][-1] == [6, 1.0]
+    assert {w["sign"] for w in queries["warnings"]} >= {"copied_queries rising", "repeated_queries rising"}
+    markdown = "\n".join(training_markdown(charts))
+    assert f"Best policy (ppo/best_policy): PPO iteration {best_iteration}" in markdown
+    assert "| 5 | no_answer rising | unanswered episodes | 50.0% | 0.0% | 20.0% |" in markdown
+    page = training_html(charts)
+    assert 'id="health-plots"' in page and 'id="health-warnings"' in page and 'id="best-policy"' in page

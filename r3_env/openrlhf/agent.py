@@ -24,9 +24,25 @@ from r3_env.openrlhf import step_rewards
 from r3_env.protocol import Step, Turn
 from r3_env.rollout import RolloutConfig, RolloutContext, RolloutResult, run_episode
 
+# Beside OpenRLHF's keys: the episode's question and queries as text, which ``extra_logs`` (scalars only, made
+# tensors by OpenRLHF) cannot carry. OpenRLHF ignores the key; r3rag's local trainer's health monitor reads it.
+QUERIES_KEY = "r3rag_queries"
+
+
+def episode_queries(record: dict[str, Any]) -> dict[str, Any]:
+    """The question, every query the episode searched (each of a multi-query step's), and its blank queries: the
+    format errors for an empty query (a format regeneration's dropped attempts are not seen)."""
+    steps = record.get("steps") or []
+    queries = []
+    for step in steps:
+        if step.get("kind") == "query":
+            queries += [step["query"]] if step.get("query") is not None else list(step.get("queries") or [])
+    blank = sum(step.get("format_error") == "empty_query" for step in steps)
+    return {"question": record.get("question") or "", "queries": queries, "blank": blank}
+
 
 def to_openrlhf(result: RolloutResult, label: Any, placement: str) -> dict[str, Any]:
-    """The dict OpenRLHF's sample generator reads, plus ``step_rewards`` in step placement."""
+    """The dict OpenRLHF's sample generator reads, plus ``step_rewards`` in step placement and the queries."""
     output = {
         "prompt": result.prompt,
         "label": label,
@@ -39,6 +55,7 @@ def to_openrlhf(result: RolloutResult, label: Any, placement: str) -> dict[str, 
         "rollout_log_probs": result.rollout_log_probs,
         "truncated": result.truncated,
         "extra_logs": result.extra_logs,
+        QUERIES_KEY: episode_queries(result.record),
     }
     if placement == "step":
         output[step_rewards.STEP_REWARDS_KEY] = result.step_rewards

@@ -21,7 +21,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="cold-start SFT, then PPO with a critic and GAE, on this machine (resumable)",
         description="SFT on --sft.data (r3rag coldstart sft-data), then PPO on --ppo.prompts with the agent's "
         "env:/reward:/services:/policy: sections (the retrieval and reward services must be running). Writes "
-        "config.json, metrics.jsonl, tensorboard/, sft/policy and ppo/policy into --out; rerun to resume.",
+        "config.json, metrics.jsonl, tensorboard/, sft/policy, ppo/policy, ppo/health.jsonl (health warnings) and "
+        "ppo/best_policy (best dev reward, with --ppo.eval_prompts) into --out; rerun to resume.",
     )
     from r3_env.train.model_factory import TinyModelConfig
 

@@ -4,6 +4,7 @@
 (:class:`r3_env.rollout.RolloutConfig`, the same file ``launch/ppo_r3.sh`` gives the cluster run),
 so a recipe's environment and reward are written once. ``model:``, ``sft:`` and ``ppo:`` are the
 trainer's; their names and defaults follow OpenRLHF's flags where one exists (noted per field).
+``health:`` sets when the PPO health monitor warns.
 """
 
 from __future__ import annotations
@@ -123,6 +124,24 @@ class PPOConfig:
             "'': HF generate in this process)"
         },
     )
+    filter_groups: bool = field(
+        default=False,
+        metadata={
+            "help": "train only on questions whose samples got different rewards (DAPO's dynamic sampling, without "
+            "re-sampling; needs n_samples_per_prompt >= 2): uniform groups have no group-baseline advantage"
+        },
+    )
+    eval_prompts: str = field(
+        default="",
+        metadata={
+            "help": "dev .jsonl (FlashRAG): greedy episodes of the actor on it every eval_every iterations pick "
+            "ppo/best_policy by mean reward ('': no dev evaluation, no best policy)"
+        },
+    )
+    eval_every: int = field(
+        default=5, metadata={"help": "iterations between dev evaluations (also before the first and after the last)"}
+    )
+    eval_questions: int = field(default=100, metadata={"help": "dev questions evaluated: the file's first N (0: all)"})
 
     def __post_init__(self) -> None:
         sizes = (self.iterations, self.rollout_batch_size, self.n_samples_per_prompt, self.micro_batch_size)
@@ -136,6 +155,10 @@ class PPOConfig:
             raise ValueError("ppo gamma and lambd must lie in [0, 1]")
         if self.eps_clip <= 0 or self.eps_clip_high < 0:
             raise ValueError("ppo.eps_clip must be positive and eps_clip_high 0 or more")
+        if self.filter_groups and self.n_samples_per_prompt < 2:
+            raise ValueError("ppo.filter_groups compares a question's samples: set ppo.n_samples_per_prompt >= 2")
+        if self.eval_every < 1 or self.eval_questions < 0:
+            raise ValueError("ppo.eval_every must be at least 1 and eval_questions 0 or more")
         if self.estimator == "group_norm" and self.n_samples_per_prompt < 2:
             raise ValueError("ppo.estimator group_norm normalises over a question's samples: n_samples_per_prompt >= 2")
 
@@ -144,10 +167,50 @@ class PPOConfig:
         return self.rollout_batch_size * self.n_samples_per_prompt
 
 
+@dataclass(frozen=True)
+class HealthConfig:
+    """When PPO's health monitor (:mod:`r3_env.train.health`) warns that the policy is going wrong."""
+
+    baseline_iterations: int = field(
+        default=3,
+        metadata={"help": "the first iterations whose mean share is each share's baseline (no share warns before)"},
+    )
+    share_margin: float = field(
+        default=0.2,
+        metadata={
+            "help": "a share (unanswered, format errors, blank, repeated or copied queries) warns when it is more "
+            "than this above its baseline ..."
+        },
+    )
+    share_floor: float = field(default=0.3, metadata={"help": "... and at least this"})
+    spike_factor: float = field(
+        default=3.0,
+        metadata={
+            "help": "KL or entropy spikes above this times its median over the spike_window iterations before; "
+            "entropy collapses below that median divided by it"
+        },
+    )
+    spike_window: int = field(default=10, metadata={"help": "iterations whose median a spike is measured against"})
+    kl_floor: float = field(default=0.01, metadata={"help": "a KL below this never counts as a spike"})
+    copy_similarity: float = field(
+        default=0.8,
+        metadata={"help": "a query copies the question when their word sets' Jaccard similarity is at least this"},
+    )
+
+    def __post_init__(self) -> None:
+        if self.baseline_iterations < 1 or self.spike_window < 1:
+            raise ValueError("health.baseline_iterations and spike_window must be at least 1")
+        if self.share_margin < 0 or not 0 <= self.share_floor <= 1 or self.kl_floor < 0:
+            raise ValueError("health.share_margin and kl_floor must be 0 or more, share_floor in [0, 1]")
+        if self.spike_factor <= 1 or not 0 < self.copy_similarity <= 1:
+            raise ValueError("health.spike_factor must be above 1 and copy_similarity in (0, 1]")
+
+
 SECTIONS = [
     ("", RunConfig),
     ("model.", ModelConfig),
     ("sft.", SFTConfig),
     ("ppo.", PPOConfig),
     *((f"{name}.", section) for name, section in ROLLOUT_SECTIONS.items()),
+    ("health.", HealthConfig),
 ]

@@ -2,8 +2,10 @@
 
 The run folder holds ``config.json`` (the resolved settings; a rerun with other settings is
 refused, so a resumed run is the run it claims to be), ``metrics.jsonl`` and ``tensorboard/``,
-``sft/`` and ``ppo/`` with their checkpoints and final policies. SFT runs when ``sft.data`` is
-set; PPO runs when ``ppo.prompts`` is set, from the SFT policy when there is one.
+``sft/`` and ``ppo/`` with their checkpoints and final policies; ``ppo/health.jsonl`` holds the PPO
+health monitor's checks and warnings, and ``ppo/best_policy`` the policy with the best dev reward
+(when ``ppo.eval_prompts`` is set). SFT runs when ``sft.data`` is set; PPO runs when ``ppo.prompts``
+is set, from the SFT policy when there is one.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ import torch
 
 from r3_env.config import ConfigError, configs_from_values
 from r3_env.rollout import RolloutConfig
-from r3_env.train.config import SECTIONS, ModelConfig, PPOConfig, RunConfig, SFTConfig
+from r3_env.train.config import SECTIONS, HealthConfig, ModelConfig, PPOConfig, RunConfig, SFTConfig
 from r3_env.train.metrics import MetricsLog
 
 logger = logging.getLogger(__name__)
@@ -34,10 +36,11 @@ class LocalTrainConfig:
     sft: SFTConfig
     ppo: PPOConfig
     rollout: RolloutConfig
+    health: HealthConfig = field(default_factory=HealthConfig)
 
     @classmethod
-    def from_sections(cls, run, model, sft, ppo, env, reward, services, policy) -> LocalTrainConfig:
-        return cls(run, model, sft, ppo, RolloutConfig(env, reward, services, policy))
+    def from_sections(cls, run, model, sft, ppo, env, reward, services, policy, health=None) -> LocalTrainConfig:
+        return cls(run, model, sft, ppo, RolloutConfig(env, reward, services, policy), health or HealthConfig())
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -46,6 +49,7 @@ class LocalTrainConfig:
             "sft": dataclasses.asdict(self.sft),
             "ppo": dataclasses.asdict(self.ppo),
             **dataclasses.asdict(self.rollout),
+            "health": dataclasses.asdict(self.health),
         }
 
     def with_settings(self, settings: dict[str, Any], where: str = "--set") -> LocalTrainConfig:
@@ -68,6 +72,8 @@ def _changed(old: dict, new: dict, defaults: dict[str, Any], prefix: str = "") -
     keys = []
     for key in sorted(set(old) | set(new)):
         a, b, name = old.get(key), new.get(key), f"{prefix}{key}"
+        if key not in old and isinstance(b, dict):  # a section added since: its settings are checked one by one
+            a = {}
         if isinstance(a, dict) and isinstance(b, dict):
             keys += _changed(a, b, defaults, f"{name}.")
         elif key not in old and name in defaults and defaults[name] == b:
@@ -79,7 +85,7 @@ def _changed(old: dict, new: dict, defaults: dict[str, Any], prefix: str = "") -
 
 def _defaults(config: LocalTrainConfig) -> dict[str, Any]:
     """Each setting's default, by its dotted key."""
-    sections = {"run": config.run, "model": config.model, "sft": config.sft, "ppo": config.ppo}
+    sections = {"run": config.run, "model": config.model, "sft": config.sft, "ppo": config.ppo, "health": config.health}
     sections.update((f.name, getattr(config.rollout, f.name)) for f in dataclasses.fields(config.rollout))
     return {
         f"{name}.{f.name}": f.default
@@ -89,8 +95,16 @@ def _defaults(config: LocalTrainConfig) -> dict[str, Any]:
     }
 
 
-# Settings that may change between a run and its resumption: where the services are, how fast to go.
-RESUMABLE = ("services.", "run.threads", "run.device", "run.save_every", "ppo.generate_batch", "ppo.vllm_url")
+# Settings that may change between a run and its resumption: where the services are, how fast to go, when to warn.
+RESUMABLE = (
+    "services.",
+    "run.threads",
+    "run.device",
+    "run.save_every",
+    "ppo.generate_batch",
+    "ppo.vllm_url",
+    "health.",
+)
 
 
 def check_config(out: Path, config: LocalTrainConfig) -> None:
@@ -135,7 +149,9 @@ def train_local(
         if config.sft.data and ("sft" in stages or config.ppo.prompts):
             results["sft"] = policy = str(run_sft(config.run, config.model, config.sft, config.rollout, metrics))
         if config.ppo.prompts and "ppo" in stages:
-            trainer = PPOTrainer(config.run, config.model, config.ppo, config.rollout, policy, metrics, search, judge)
+            trainer = PPOTrainer(
+                config.run, config.model, config.ppo, config.rollout, policy, metrics, search, judge, config.health
+            )
             try:
                 results["ppo"] = trainer.train()
             finally:

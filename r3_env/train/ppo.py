@@ -23,9 +23,18 @@ One iteration:
    its ``compute_entropy`` for the entropy. Accumulation, clipping and AdamW steps are the local
    trainer's own: OpenRLHF runs them through DeepSpeed, which needs a GPU.
 
+Each iteration the health monitor (:mod:`r3_env.train.health`) logs the shares of unanswered
+episodes, format errors and blank, repeated or copied queries beside the iteration's values, and
+warns (the log and ``ppo/health.jsonl``) when a share rises or the KL or entropy spikes. With
+``ppo.eval_prompts`` the actor runs greedy episodes on those dev questions before the first
+iteration, every ``eval_every`` iterations and after the last, through the same agent and engine
+(``dev_reward`` is logged); whenever its mean reward beats the best so far the actor is saved to
+``ppo/best_policy``, with ``best.json`` naming the iteration and the dev reward.
+
 Checkpoints (``ppo/checkpoint.pt``: both models, optimizers, schedulers, the KL coefficient,
-the data position and the RNG) are written every ``save_every`` iterations and at the end; a
-rerun resumes from the last. The final policy is ``ppo/policy``.
+the data position, the RNG, the best dev reward so far and the health monitor's history) are
+written every ``save_every`` iterations and at the end; a rerun resumes from the last. The final
+policy is ``ppo/policy``.
 """
 
 from __future__ import annotations
@@ -47,7 +56,8 @@ from r3_env.data import QAItem, read_dataset
 from r3_env.hf_engine import HFEngine, SamplingParams
 from r3_env.rollout import RolloutConfig
 from r3_env.train import openrlhf_cpu
-from r3_env.train.config import ModelConfig, PPOConfig, RunConfig
+from r3_env.train.config import HealthConfig, ModelConfig, PPOConfig, RunConfig
+from r3_env.train.health import HEALTH_FILE, HealthMonitor
 from r3_env.train.metrics import MetricsLog
 from r3_env.train.models import (
     DONE_FILE,
@@ -67,6 +77,7 @@ from r3_env.train.models import (
 logger = logging.getLogger(__name__)
 
 OUTCOMES = ("correct", "wrong", "no_answer", "stopped", "format_error", "service_failure")
+BEST_FILE = "best.json"  # in ppo/best_policy: the iteration and dev reward of the policy kept there
 
 
 def openrlhf_args(ppo: PPOConfig, placement: str) -> SimpleNamespace:
@@ -116,6 +127,7 @@ class PPOTrainer:
         metrics: MetricsLog | None = None,
         search: Any = None,
         judge: Any = None,
+        health: HealthConfig | None = None,
     ) -> None:
         openrlhf_cpu.enable()
         from r3_env.openrlhf import step_rewards
@@ -170,8 +182,11 @@ class PPOTrainer:
         self.loop = asyncio.new_event_loop()
         self.context = self.loop.run_until_complete(self._context())  # its batchers belong to this loop
         self.items: list[QAItem] = []
+        self.dev_items: list[QAItem] = []
         self.iteration = 0
         self.position = 0  # questions consumed, over reshuffled passes of the prompt set
+        self.health = HealthMonitor(health, self.folder / HEALTH_FILE)
+        self.best: dict[str, float] | None = None  # the best dev reward so far and its iteration
 
     async def _context(self) -> Any:
         return self.executor.context(self.tokenizer)
@@ -184,6 +199,10 @@ class PPOTrainer:
         self.items = read_dataset(self.ppo.prompts)
         if not self.items:
             raise ValueError(f"ppo.prompts {self.ppo.prompts} holds no questions")
+        if self.ppo.eval_prompts:
+            self.dev_items = read_dataset(self.ppo.eval_prompts)[: self.ppo.eval_questions or None]
+            if not self.dev_items:
+                raise ValueError(f"ppo.eval_prompts {self.ppo.eval_prompts} holds no questions")
 
     def next_prompts(self) -> list[QAItem]:
         """The next ``rollout_batch_size`` questions: passes over the set, each in a seeded order."""
@@ -209,10 +228,14 @@ class PPOTrainer:
         self.server_current = True
         return time.perf_counter() - started
 
-    def rollout(self, items: Sequence[QAItem]) -> list[dict[str, Any]]:
-        """Every question ``n_samples_per_prompt`` times through the agent (question-major, as OpenRLHF orders them)."""
+    def rollout(self, items: Sequence[QAItem], greedy: bool = False) -> list[dict[str, Any]]:
+        """Every question ``n_samples_per_prompt`` times through the agent (question-major, as OpenRLHF orders them);
+        ``greedy``: once each, at temperature 0 (the dev evaluation)."""
         self.actor.eval()
         params = SamplingParams(temperature=self.ppo.temperature, top_p=self.ppo.top_p, max_tokens=None)
+        samples = self.ppo.n_samples_per_prompt
+        if greedy:
+            params, samples = SamplingParams(temperature=0.0, max_tokens=None), 1
 
         async def episodes() -> list[dict[str, Any]]:
             return await asyncio.gather(
@@ -226,7 +249,7 @@ class PPOTrainer:
                         llm_engine=self.engine,
                     )
                     for item in items
-                    for _ in range(self.ppo.n_samples_per_prompt)
+                    for _ in range(samples)
                 )
             )
 
@@ -353,9 +376,12 @@ class PPOTrainer:
         responses = self.rollout(self.next_prompts())
         rollout_s = time.perf_counter() - started
         started = time.perf_counter()
-        batches = self.make_experiences(responses)
-        train_actor = self.iteration >= self.ppo.critic_warmup
-        losses = self.train_on(batches, train_actor=train_actor)
+        kept = differing_groups(responses, self.ppo.n_samples_per_prompt) if self.ppo.filter_groups else responses
+        batches = self.make_experiences(kept) if kept else []
+        train_actor = self.iteration >= self.ppo.critic_warmup and bool(batches)
+        losses = self.train_on(batches, train_actor=train_actor) if batches else {}
+        if not batches:
+            logger.info("PPO %d: every question's samples got the same reward; no update", self.iteration + 1)
         if train_actor:
             self.server_current = False  # the next rollout needs the updated weights
         training_s = time.perf_counter() - started
@@ -371,7 +397,8 @@ class PPOTrainer:
             kl=kl,
             kl_coef=float(self.kl_ctl.value),
             actor_trained=float(train_actor),
-            returns=float(torch.cat([b.returns[b.action_mask.bool()] for b in batches]).mean()),
+            returns=float(torch.cat([b.returns[b.action_mask.bool()] for b in batches]).mean()) if batches else 0.0,
+            trained_share=len(kept) / max(len(responses), 1),
             generation_s=self.engine.busy_s - busy_before,
             retrieval_s=retrieval_s,
             judging_s=judging_s,
@@ -380,7 +407,31 @@ class PPOTrainer:
         )
         if self.ppo.vllm_url:
             values["sync_s"] = sync_s
+        values.update(self.health.check(self.iteration, responses, values).values)
         return values
+
+    # -- the dev evaluation and the best policy -----------------------------------------------------
+
+    def evaluate(self) -> dict[str, float]:
+        """Greedy episodes of the actor on the dev questions, scored as in training: ``dev_reward`` and more."""
+        self.sync_weights()
+        stats = _episode_stats(self.rollout(self.dev_items, greedy=True))
+        return {"dev_reward": stats["reward"], "dev_correct": stats["correct"], "dev_no_answer": stats["no_answer"]}
+
+    def keep_best(self, dev_reward: float) -> bool:
+        """Save the actor to ``ppo/best_policy`` when ``dev_reward`` beats the best so far (ties keep the earlier)."""
+        if self.best is not None and dev_reward <= self.best["dev_reward"]:
+            return False
+        folder = save_policy(self.actor.model, self.tokenizer, self.folder / "best_policy")
+        self.best = {"iteration": self.iteration, "dev_reward": dev_reward}
+        (folder / BEST_FILE).write_text(json.dumps(self.best) + "\n")
+        logger.info("PPO best policy: iteration %d, dev reward %.4f -> %s", self.iteration, dev_reward, folder)
+        return True
+
+    def _evaluation_due(self) -> bool:
+        if not self.dev_items:
+            return False
+        return self.iteration % self.ppo.eval_every == 0 or self.iteration == self.ppo.iterations
 
     def _service_time(self) -> tuple[float, float]:
         context = self.context
@@ -403,14 +454,25 @@ class PPOTrainer:
             self.ppo.estimator,
             "yes" if self.critic is not None else "no",
         )
+        if self.iteration == 0 and self._evaluation_due():  # the starting policy may stay the best
+            values = self.evaluate()
+            self.keep_best(values["dev_reward"])
+            if self.metrics is not None:
+                self.metrics.log("ppo", 0, values)
+            logger.info("PPO 0/%d: dev reward %.3f", self.ppo.iterations, values["dev_reward"])
         while self.iteration < self.ppo.iterations:
             started = time.perf_counter()
             values = self.step()
             values["iteration_s"] = time.perf_counter() - started
+            if self._evaluation_due():
+                started = time.perf_counter()
+                values.update(self.evaluate())
+                values["dev_s"] = time.perf_counter() - started
+                self.keep_best(values["dev_reward"])
             if self.metrics is not None:
                 self.metrics.log("ppo", self.iteration, values)
             logger.info(
-                "PPO %d/%d: reward %.3f, correct %.0f%%, KL %.4f, entropy %.3f, value loss %.4f (%.1f s: "
+                "PPO %d/%d: reward %.3f, correct %.0f%%, KL %.4f, entropy %.3f, value loss %.4f%s (%.1f s: "
                 "%sgeneration %.1f, retrieval %.2f, judging %.2f, training %.1f)",
                 self.iteration,
                 self.ppo.iterations,
@@ -419,6 +481,7 @@ class PPOTrainer:
                 values["kl"],
                 values.get("entropy", float("nan")),
                 values.get("value_loss", float("nan")),
+                f", dev reward {values['dev_reward']:.3f}" if "dev_reward" in values else "",
                 values["iteration_s"],
                 f"weight sync {values['sync_s']:.1f}, " if "sync_s" in values else "",
                 values["generation_s"],
@@ -442,6 +505,8 @@ class PPOTrainer:
             "actor_optim": self.actor_optim.state_dict(),
             "actor_sched": self.actor_sched.state_dict(),
             "rng": rng_state(),
+            "best": self.best,
+            "health": self.health.state_dict(),
         }
         if self.critic is not None:
             state.update(
@@ -464,15 +529,33 @@ class PPOTrainer:
             self.critic_sched.load_state_dict(state["critic_sched"])
         self.iteration, self.position = state["iteration"], state["position"]
         self.kl_ctl.value = state["kl_coef"]
+        self.best = state.get("best")
+        self.health.load_state_dict(state.get("health") or {})
         set_rng_state(state["rng"])
         logger.info("PPO resumes after iteration %d from %s", self.iteration, self.folder / "checkpoint.pt")
         return True
 
     def close(self) -> None:
+        self.health.close()
         self.loop.run_until_complete(self.context.aclose())
         if self.ppo.vllm_url:
             self.loop.run_until_complete(self.engine.aclose())
         self.loop.close()
+
+
+def differing_groups(responses: Sequence[dict[str, Any]], samples: int) -> list[dict[str, Any]]:
+    """The question groups (``samples`` episodes in a row) whose rewards differ: DAPO's dynamic sampling filter.
+
+    A group whose episodes all got the same reward has zero advantage under a group baseline, so it
+    costs a forward and backward pass and teaches nothing; dropping it spends CPU on the groups that do.
+    """
+    kept = []
+    for start in range(0, len(responses), samples):
+        group = responses[start : start + samples]
+        rewards = [float(r["reward"]) for r in group]
+        if max(rewards) - min(rewards) > 1e-6:
+            kept.extend(group)
+    return kept
 
 
 def _episode_stats(responses: Sequence[dict[str, Any]]) -> dict[str, float]:
