@@ -697,7 +697,8 @@ class Demo:
             retriever.stop()
             reward.stop()
         with self.stage("report", "10. report"):
-            paths = write_report(self.out / "eval", self.out, training=self.out / "train")
+            learned = ("untrained", "sft", "ppo")  # the page opens with one question answered by each
+            paths = write_report(self.out / "eval", self.out, training=self.out / "train", learned=learned)
         self.paths.update(report=paths["html"], train=self.out / "train", sft_policy=sft_policy, ppo_policy=ppo_policy)
         self.write_record(results)
         return results

@@ -326,9 +326,11 @@ def _md_curves(curves: list[dict[str, Any]], name_key: str, group: str) -> list[
 
 def render_markdown(tables: dict[str, Any]) -> str:
     from eval.report_categories import categories_markdown
+    from eval.report_learned import learned_markdown
 
     datasets, metric = tables["datasets"], tables["metric"].upper()
-    lines = ["# Evaluation report", "", "## Answers (ACC / F1 / EM in %; RC: retrievals per question)", ""]
+    lines = ["# Evaluation report", "", *learned_markdown(tables.get("learned"))]
+    lines += ["## Answers (ACC / F1 / EM in %; RC: retrievals per question)", ""]
     lines += _md_scores(tables["main"], datasets, ANSWER_COLUMNS)
     if tables["retrieval"]:
         lines += ["", "## Retrieval (Recall / Full-Recall / mAP in %; documents read and steps per question)", ""]
@@ -570,8 +572,10 @@ def _trajectory_section(runs: list[Run], max_questions_per_run: int) -> str:
     )
 
 
-def render_html(tables: dict[str, Any], runs: list[Run], max_questions_per_run: int = 2000, training: str = "") -> str:
-    """The self-contained page: tables, answer categories, the two sweep plots, training curves, trajectories."""
+def render_html(
+    tables: dict[str, Any], runs: list[Run], max_questions_per_run: int = 2000, training: str = "", learned: str = ""
+) -> str:
+    """The self-contained page: what was learned, tables, answer categories, sweep plots, training, trajectories."""
     from eval.report_categories import categories_html
 
     datasets, metric = tables["datasets"], tables["metric"].upper()
@@ -580,6 +584,7 @@ def render_html(tables: dict[str, Any], runs: list[Run], max_questions_per_run: 
         "<h1>Evaluation report</h1>",
         f'<p class="note">{len(runs)} run(s) over {len(datasets)} dataset(s). Rates in %; ACC is the judge\'s '
         f"accuracy (– where a run had no judge). The plots show {metric} ({why}).</p>",
+        learned,
         "<h2>Runs</h2>",
         _html_runs(tables["runs"]),
         "<h2>Answers: ACC / F1 / EM, and RC (retrievals per question)</h2>",
@@ -624,12 +629,16 @@ def write_report(
     max_questions_per_run: int = 2000,
     training: Path | None = None,
     baselines: Sequence[str] = (),
+    learned: Sequence[str] = (),
 ) -> dict[str, Path]:
     """Write report.md, report.json and report.html for the scored runs under ``root`` into ``out`` (default root).
 
     ``training``: a ``r3rag train local`` run folder whose curves the report shows too. ``baselines``: the runs
-    without retrieval that the answer categories pair the others with (default: found by model).
+    without retrieval that the answer categories pair the others with (default: found by model). ``learned``: run
+    names (run.json's ``name``) in the order a policy went through them, e.g. untrained, sft, ppo: the page opens
+    with one question answered by each (:mod:`eval.report_learned`).
     """
+    from eval.report_learned import learned_example, learned_html
     from eval.report_training import training_charts, training_html, training_markdown
 
     runs = find_runs(root)
@@ -639,9 +648,20 @@ def write_report(
     charts = training_charts(training) if training else []
     if charts:
         tables["training"] = charts
+    items = [
+        {**item, "run": run.info["name"]}
+        for run in runs
+        if run.info.get("name") in learned
+        for item in trajectories(run, max_questions_per_run)[0]
+    ]
+    example = learned_example(items, learned)
+    if example:
+        tables["learned"] = example
     paths = {"md": out / "report.md", "json": out / "report.json", "html": out / "report.html"}
     paths["md"].write_text(render_markdown(tables) + "\n".join(training_markdown(charts)) + ("\n" if charts else ""))
     paths["json"].write_text(json.dumps(tables, indent=2) + "\n")
-    paths["html"].write_text(render_html(tables, runs, max_questions_per_run, training_html(charts)))
+    paths["html"].write_text(
+        render_html(tables, runs, max_questions_per_run, training_html(charts), learned_html(example))
+    )
     logger.info("report over %d runs: %s", len(runs), ", ".join(str(p) for p in paths.values()))
     return paths

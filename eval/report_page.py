@@ -54,6 +54,14 @@ figure.categories { max-width: 640px; }
 .analysis { white-space: pre-wrap; }
 .doc { margin: 4px 0 4px 12px; padding: 4px 8px; background: #fbfbfc; border: 1px solid #eceef1; border-radius: 4px; }
 .doc.gold { background: #fff8d6; border-color: #e3c84a; }
+#learned { border: 1px solid #ccd; border-radius: 6px; padding: 8px 14px; background: #fafbff; }
+.learned-grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(260px, 1fr)); gap: 12px; }
+.learned-column h3 { margin: 6px 0; font-size: 15px; }
+.learned-steps { padding-left: 18px; margin: 4px 0; }
+.learned-steps .docs { list-style: none; padding-left: 0; margin: 2px 0 6px; }
+.learned-steps .doc { border: 1px solid #ddd; border-radius: 4px; padding: 2px 6px; margin: 2px 0; font-size: 12px; }
+.learned-steps .query { font-family: monospace; }
+.verdict.correct { color: #1a7f37; } .verdict.wrong { color: #b42318; }
 .doc .title { font-weight: 600; } .doc .id { color: #777; font-weight: normal; font-size: 12px; }
 .gold-mark { color: #9a6b00; font-weight: 700; margin-right: 6px; }
 .doc .text { color: #444; white-space: pre-wrap; }

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -645,3 +646,41 @@ def test_the_retrieval_tree_table_sets_the_tree_beside_single_shot(root):
 
 
 CATEGORIES_RUNS = {LABELS[f] for f in RUNS if f != "baselines/direct"}
+
+
+LEARNED = ("naive-bm25", "r3-bm25-k3", "r3-bm25-k5")  # run names, in the order a policy would go through them
+
+
+def test_the_page_opens_with_one_question_answered_by_each_policy(root, tmp_path):
+    paths = write_report(root, tmp_path / "report", learned=LEARNED)
+    example = json.loads(paths["json"].read_text())["learned"]
+    # k5 is right where naive RAG is wrong on h1 and w1; both find two gold pages; h1 comes first in the file
+    assert example["question"] == "Where was the director of Blue Harbour born?"
+    assert [c["run"] for c in example["columns"]] == list(LEARNED)
+    assert [c["correct"] for c in example["columns"]] == [False, True, True]
+    page = paths["html"].read_text()
+    assert page.index('<section id="learned">') < page.index("<h2>Runs</h2>")
+    assert page.count('<span class="gold-mark">★ gold</span>') == 1 + 2 + 2  # naive's one query, two each for r3
+    markdown = paths["md"].read_text()
+    assert markdown.index("## What was learned") < markdown.index("## Answers")
+    assert "- **r3-bm25-k5** (correct):" in markdown and "h1 query 1 -> Gold page 1 (gold)" in markdown
+    # without names, or with fewer than two of them present, there is no panel
+    assert "learned" not in json.loads(write_report(root, tmp_path / "plain")["json"].read_text())
+    one = write_report(root, tmp_path / "one", learned=("naive-bm25", "absent"))
+    assert 'id="learned"' not in one["html"].read_text()
+
+
+def test_the_learned_panel_renders_first_in_headless_chromium(root, tmp_path):
+    if not CHROMIUM.exists():
+        pytest.skip("Chromium is missing: run `bash scripts/setup_browser.sh`")
+    paths = write_report(root, tmp_path / "report", learned=LEARNED)
+    shot = tmp_path / "learned.png"
+    common = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,900"]
+    dom = subprocess.run(
+        [*common, "--dump-dom", paths["html"].as_uri()], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+    subprocess.run([*common, f"--screenshot={shot}", paths["html"].as_uri()], capture_output=True, timeout=120)
+    headings = re.findall(r"<h2[^>]*>(.*?)</h2>", dom)
+    assert headings[0] == "What was learned", headings[:3]
+    assert dom.count('class="learned-column"') == 3 and "Where was the director of Blue Harbour born?" in dom
+    assert shot.exists() and shot.stat().st_size > 10_000
