@@ -40,7 +40,7 @@ def policy_folders(demo: Demo) -> dict[str, Path]:
 def policy_rewards(demo: Demo, folders: dict[str, Path]) -> dict[str, dict[str, float]]:
     """Greedy dev episodes of each policy, scored as in training (services started again for it)."""
     from r3_env.data import read_dataset
-    from r3_env.rollout import RolloutConfig
+    from r3_env.rollout_config import RolloutConfig
     from r3_env.train.ppo import evaluate_rewards
 
     items = read_dataset(demo.paths["world"] / "dev.jsonl")[: demo.budget.eval_questions]

@@ -71,13 +71,13 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from demo.services import ServiceProcess
-    from eval.engines import EngineConfig, GenerationConfig, TokenEngine
+    from eval.engines import EngineConfig, GenerationConfig, TokenChatEngine
     from eval.run import EvalRunConfig, run_eval
     from eval.score import ScoreConfig, score_run
+    from r3_env.engines import HFEngine, SamplingParams
     from r3_env.env import EnvConfig
-    from r3_env.hf_engine import HFEngine, SamplingParams
     from r3_env.retrieval.index_builder import IndexBuildConfig, build_index
-    from r3_env.runs import JudgeConfig, RetrievalSource
+    from r3_env.runs import JudgeClientConfig, RetrievalSource
 
     work = Path(tempfile.mkdtemp(prefix="bench-eval-"))
     data = Path(args.data)
@@ -88,7 +88,7 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(folder)
     generator = HFEngine(AutoModelForCausalLM.from_pretrained(folder), tokenizer, max_batch=args.concurrency,
                          script=forcing_script(tokenizer, args.retrievals))  # fmt: skip
-    engine = TokenEngine(generator, tokenizer, "auto", GenerationConfig(), 8192, "tiny", SamplingParams)
+    engine = TokenChatEngine(generator, tokenizer, "auto", GenerationConfig(), 8192, "tiny", SamplingParams)
     config = EvalRunConfig(data=str(data), out=str(work / "run"), concurrency=args.concurrency)
     stats = asyncio.run(
         run_eval(config, EnvConfig(max_step_tokens=128), EngineConfig(model=str(folder)), GenerationConfig(),
@@ -99,7 +99,7 @@ def main() -> None:
     reward_yaml.write_text(yaml.safe_dump({"judge": {"backend": "lexical"}}))
     with ServiceProcess(["reward", "serve", "--config", str(reward_yaml)], log=work / "reward.log") as server:
         started = time.perf_counter()
-        scores = asyncio.run(score_run(ScoreConfig(run=config.out), JudgeConfig(url=server.url)))
+        scores = asyncio.run(score_run(ScoreConfig(run=config.out), JudgeClientConfig(url=server.url)))
         scoring_s = time.perf_counter() - started
     final = scores["average"]["final"]
     steps = f"{final['avg_retrievals']:.2f} retrievals, {final['avg_steps']:.2f} steps each"

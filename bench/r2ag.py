@@ -27,7 +27,7 @@ paragraphs) and a trained Qwen3-8B steering model.
 
 Synthetic world (--skip_synthetic to leave out): a small generated world and its BM25 index; the oracle
 (the world's question_decomposition), the tiny random policy ("untrained"), and the same policy after
---rounds of the progressive driver (r3rag r2ag train with the local trainer, launch/configs/r2ag.yaml,
+--rounds of the progressive driver (r3rag r2ag train with the local trainer, recipes/r2ag.yaml,
 against a retrieval service) on the world's train questions ("trained"), each driving the tree on the
 dev questions (greedy, in-process BM25).
 
@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import json
 import logging
 import os
@@ -61,6 +62,7 @@ sys.path.insert(0, str(ROOT))
 from r3_env.coldstart.evidence import evidence_hops  # noqa: E402
 from r3_env.data import Passage, QAItem, read_dataset  # noqa: E402
 from r3_env.protocol import StepFormat, get_format  # noqa: E402
+from r3_env.recipes import load_recipe  # noqa: E402
 from r3_env.retrieval import load_retriever  # noqa: E402
 from r3_env.retrieval.base import Retriever  # noqa: E402
 from r3_env.retrieval.config import RetrieverConfig  # noqa: E402
@@ -202,7 +204,7 @@ def oracle_runs(
 ) -> list[int]:
     """Both oracle modes into ``results["tree"]``; returns the matched single-shot k's."""
     step_format = get_format("multi_query", max_base=8)
-    config = TreeConfig(topk=1, max_iterations=5)
+    config = load_recipe("r2ag").tree_config()
     by_question = {item.id: plan for item, plan in zip(items, plans, strict=True)}
     ks = []
     for mode, hops in MODES.items():
@@ -256,7 +258,7 @@ def policy_steerer(
     """A greedy token steerer over ``policy`` as the progressive driver expands with it.
 
     ``forced``: plans by question; the engine then forces the model's tokens to the oracle's step for each
-    prompt (:class:`r3_env.hf_engine.HFEngine`'s ``script``: every forward pass still runs), so the tree
+    prompt (:class:`r3_env.engines.HFEngine`'s ``script``: every forward pass still runs), so the tree
     has the oracle's shape and real generation costs.
     """
     from r3_env.train.progressive import load_steering
@@ -284,14 +286,13 @@ def policy_steerer(
 def train_settings(
     args: argparse.Namespace, policy: Path, retriever_url: str, step_tokens: int, sft: dict[str, Any] | None = None
 ) -> Any:
-    """launch/configs/r2ag.yaml with the local trainer's small budget (and a cold start when ``sft`` is given)."""
-    import yaml
+    """recipes/r2ag.yaml with the local trainer's small budget (and a cold start when ``sft`` is given)."""
 
     from r3_env.config import configs_from_values
     from r3_env.train.config import SECTIONS
     from r3_env.train.local import LocalTrainConfig
 
-    values = yaml.safe_load((ROOT / "launch" / "configs" / "r2ag.yaml").read_text())
+    values = copy.deepcopy(load_recipe("r2ag").agent)
     values.update(
         {
             "seed": args.seed,
@@ -422,7 +423,7 @@ def synthetic_part(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 label: str = label,
             ) -> Any:
                 steer, engine, step_format = policy_steerer(run_settings, policy, 16, plans, hops)
-                config = TreeConfig(topk=1, max_iterations=5)
+                config = load_recipe("r2ag").tree_config()
                 trees = await grow(dev, lambda _: steer, InProcessSearch(retriever), step_format, config, label)
                 return trees, engine.busy_s
 
@@ -601,7 +602,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("httpx", "r3_env.retrieval", "r3_env.train", "r3_env.world", "r3_env.hf_engine"):
+    for noisy in ("httpx", "r3_env.retrieval", "r3_env.train", "r3_env.world", "r3_env.engines"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ a synthetic world) and the same reward server (lexical judge), each its own proc
 
 Engines:
 
-- ``hf``: r3_env.hf_engine.HFEngine (batched ``model.generate``). The model's token choices are
+- ``hf``: r3_env.engines.HFEngine (batched ``model.generate``). The model's token choices are
   forced to each question's gold decomposition (constrained decoding; every forward pass is real),
   so episodes have the real shape: one query per hop, then the answer. HF generate recomputes the
   whole context at every step (no prefix cache), so on CPU long contexts make it prefill-bound.
@@ -55,9 +55,11 @@ from conftest import (  # noqa: E402
     train_bpe,
 )
 
-from r3_env.hf_engine import HFEngine, SamplingParams  # noqa: E402
+from r3_env.engines import HFEngine, SamplingParams  # noqa: E402
 from r3_env.retrieval.index_builder import IndexBuildConfig, build_index  # noqa: E402
-from r3_env.rollout import RolloutConfig, RolloutContext, run_episode  # noqa: E402
+from r3_env.rollout import run_episode  # noqa: E402
+from r3_env.rollout_config import RolloutConfig  # noqa: E402
+from r3_env.rollout_context import RolloutContext  # noqa: E402
 from r3_env.world.build import WorldConfig, generate_world  # noqa: E402
 
 

@@ -35,6 +35,7 @@ from typing import Any
 import yaml
 
 from demo.services import ServiceProcess, VLLMServer, vllm_cpu_env
+from r3_env.recipes import load_recipe
 
 logger = logging.getLogger(__name__)
 
@@ -144,13 +145,20 @@ REAL = ModelRecipe(
 )
 
 
+# The local trainer's settings for a recipe's RL algorithm (algo.name; launch/ppo_r3.sh's flags on OpenRLHF).
+LOCAL_ALGOS: dict[str, dict[str, Any]] = {
+    "ppo": {},  # GAE and a critic, the local trainer's defaults
+    "dapo": {"estimator": "group_norm", "eps_clip_high": 0.28},  # group-normalised advantages, clip-higher
+}
+
+
 @dataclass(frozen=True)
 class Method:
-    """Which method the demo trains: its step format, reward scheme and RL algorithm (a recipe, not a fork)."""
+    """Which method the demo trains: its recipe (recipes/<recipe>.yaml: step format, reward, RL algorithm) and the
+    demo's own trainer settings on top of it."""
 
-    step_format: str
-    reward: dict[str, Any]
-    ppo: dict[str, Any]
+    recipe: str
+    ppo: dict[str, Any]  # the local trainer's settings over the recipe algorithm's (LOCAL_ALGOS)
     title: str  # the RL stage, as the demo logs it
     stage_switch: float | None = None  # share of the PPO iterations after which a staged reward's stage 2 starts
     # also evaluate the RL policy answering without retrieval, for the report's answer categories
@@ -160,16 +168,30 @@ class Method:
         """The RL iteration (0-based, the trainer's step) at which stage 2 starts, for a staged reward."""
         return None if self.stage_switch is None else round(self.stage_switch * iterations)
 
+    @property
+    def step_format(self) -> str:
+        return load_recipe(self.recipe).rollout_config().policy.step_format
+
+    @property
+    def reward(self) -> dict[str, Any]:
+        """The recipe's reward scheme, placement and options."""
+        reward = load_recipe(self.recipe).rollout_config().reward
+        return {"scheme": reward.scheme, "placement": reward.placement, "options": dict(reward.options)}
+
+    @property
+    def trainer_ppo(self) -> dict[str, Any]:
+        """The local trainer's ppo settings: the recipe's algorithm, then the demo's own."""
+        return {**LOCAL_ALGOS[load_recipe(self.recipe).algo.name], **self.ppo}
+
 
 METHODS = {
-    # R3-RAG: labelled sections, relevance x outcome process rewards, PPO with a critic and GAE
-    "r3": Method(step_format="r3", reward={"scheme": "r3"}, ppo={}, title="PPO (critic, GAE, per-step rewards)"),
-    # Learning when to search: tags, the staged retrieval-cost reward (stage 2 from half-way), DAPO's
-    # group-normalised advantages with clip-higher and no KL (launch/dapo_lws.sh on a cluster)
+    # R3-RAG (recipes/r3.yaml): labelled sections, relevance x outcome process rewards, PPO with a critic and GAE
+    "r3": Method(recipe="r3", ppo={}, title="PPO (critic, GAE, per-step rewards)"),
+    # Learning when to search (recipes/lws.yaml): tags, the staged retrieval-cost reward (the demo starts stage 2
+    # half-way), DAPO's group-normalised advantages with clip-higher; the demo runs it without KL
     "lws": Method(
-        step_format="tags",
-        reward={"scheme": "lws", "placement": "scalar"},
-        ppo={"estimator": "group_norm", "eps_clip_high": 0.28, "init_kl_coef": 0.0, "critic_warmup": 0},
+        recipe="lws",
+        ppo={"init_kl_coef": 0.0, "critic_warmup": 0},
         title="RL (group-normalised advantages, clip-higher, staged retrieval-cost reward)",
         stage_switch=0.5,
         no_retrieval_eval=True,
@@ -514,13 +536,15 @@ class Demo:
         from r3_env.train.local import LocalTrainConfig
 
         budget, method, recipe = self.budget, self.config.method, self.config.model_recipe
-        reward = dict(method.reward)
-        reward["scheme"] = self.config.scheme or reward["scheme"]
+        reward = method.reward
+        if self.config.scheme and self.config.scheme != reward["scheme"]:  # an ablation: its own options
+            reward = {"scheme": self.config.scheme, "placement": reward["placement"]}
         switch = method.switch_at(budget.ppo_iterations)
         if switch is not None and reward["scheme"] == method.reward["scheme"]:
             from r3_env.model_registry import offline_minilm_path
 
-            reward.update(options={"switch_step": switch}, query_encoder=offline_minilm_path())
+            options = {**reward["options"], "switch_step": switch}
+            reward.update(options=options, query_encoder=offline_minilm_path())
         scale = recipe.lora_lr_scale if self.config.lora_rank else 1.0
         sft = {**recipe.sft, "lr": self.config.sft_lr or scale * recipe.sft["lr"]}
         ppo = {**recipe.ppo, "actor_lr": self.config.actor_lr or scale * recipe.ppo["actor_lr"]}
@@ -537,7 +561,7 @@ class Demo:
                 "n_samples_per_prompt": budget.n_samples_per_prompt,
                 "max_len": 3072,
                 **ppo,
-                **method.ppo,
+                **method.trainer_ppo,
             },
             "env": self.env,
             "reward": reward,
@@ -554,7 +578,7 @@ class Demo:
         ``extra``: more :class:`eval.run.EvalRunConfig` settings (``naive_topk`` for the baselines).
         """
         from eval.score import ScoreConfig, score_run
-        from r3_env.runs import JudgeConfig
+        from r3_env.runs import JudgeClientConfig
 
         folder = self.out / "eval" / name
         settings = {
@@ -582,7 +606,7 @@ class Demo:
                     RetrievalSource(url=retriever),
                 )
             )  # fmt: skip
-        scores = asyncio.run(score_run(ScoreConfig(run=str(folder)), JudgeConfig(url=reward)))
+        scores = asyncio.run(score_run(ScoreConfig(run=str(folder)), JudgeClientConfig(url=reward)))
         self.paths[f"eval_{name}"] = folder
         return scores
 

@@ -128,7 +128,7 @@ class VLLMServer(ServiceProcess):
     fp32 and eager mode: the CPU build is ready in about 30 s that way (compiling takes minutes and its
     cache never reloads); explicit ``VLLM_CPU_*`` settings in the environment win over :func:`vllm_cpu_env`.
     ``reloadable``: with vLLM's dev endpoints, so a trainer can reload its weights in place
-    (:class:`r3_env.vllm_client.VLLMServerEngine`).
+    (:class:`r3_env.engines.VLLMServerEngine`).
     """
 
     def __init__(

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import math
-import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -88,8 +87,9 @@ class EngineError(RuntimeError):
     """The engine could not generate (an endpoint failed for good)."""
 
 
-class Engine(ABC):
-    """Generates one assistant turn from chat messages."""
+class ChatEngine(ABC):
+    """Generates one assistant turn from chat messages (evaluation's engines; token-level generation is
+    :class:`r3_env.engines.TokenEngine`)."""
 
     name: str
     system_in_user: bool = False  # the chat template has no system role: instructions lead the first user turn
@@ -113,8 +113,8 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     return (text[: min(positions)], True) if positions else (text, False)
 
 
-class TokenEngine(Engine):
-    """A local model behind OpenRLHF's generate contract (``HFEngine`` or vLLM's async engine)."""
+class TokenChatEngine(ChatEngine):
+    """Chat over a local :class:`r3_env.engines.TokenEngine` (``HFEngine`` or ``VLLMOfflineEngine``)."""
 
     def __init__(
         self,
@@ -183,7 +183,7 @@ class TokenEngine(Engine):
             shutdown()
 
 
-class OpenAIEngine(Engine):
+class OpenAIChatEngine(ChatEngine):
     """A model behind an OpenAI-compatible chat endpoint; the server applies its chat template.
 
     A request the endpoint rejects for good (or a reply with no text) is an :class:`EngineError`: the
@@ -225,37 +225,6 @@ class OpenAIEngine(Engine):
         await self.client.aclose()
 
 
-class VLLMGenerator:
-    """vLLM's async engine behind the ``generate(prompt_token_ids, sampling_params)`` contract."""
-
-    def __init__(self, config: EngineConfig, seed: int) -> None:
-        from vllm import AsyncEngineArgs, AsyncLLMEngine
-
-        args = AsyncEngineArgs(
-            model=config.model,
-            dtype=config.dtype,
-            tensor_parallel_size=config.tensor_parallel_size,
-            gpu_memory_utilization=config.gpu_memory_utilization,
-            max_model_len=config.max_model_len,
-            enable_prefix_caching=True,
-            enforce_eager=config.enforce_eager,
-            seed=seed,
-        )
-        self.engine = AsyncLLMEngine.from_engine_args(args)
-
-    async def generate(self, prompt_token_ids: Sequence[int], sampling_params: Any) -> Any:
-        from vllm.inputs import TokensPrompt
-
-        final = None
-        prompt = TokensPrompt(prompt_token_ids=list(prompt_token_ids))
-        async for output in self.engine.generate(prompt, sampling_params, request_id=uuid.uuid4().hex):
-            final = output
-        return final
-
-    def shutdown(self) -> None:
-        self.engine.shutdown()
-
-
 def _hf_model(config: EngineConfig) -> tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -267,26 +236,30 @@ def _hf_model(config: EngineConfig) -> tuple[Any, Any]:
     return model, AutoTokenizer.from_pretrained(config.model)
 
 
-def make_engine(config: EngineConfig, generation: GenerationConfig, max_connections: int = 64) -> Engine:
+def make_chat_engine(config: EngineConfig, generation: GenerationConfig, max_connections: int = 64) -> ChatEngine:
     """The engine a config describes (the model loads here)."""
     if config.kind == "openai":
-        return OpenAIEngine(config, generation, max_connections)
+        return OpenAIChatEngine(config, generation, max_connections)
     if config.kind == "hf":
-        from r3_env.hf_engine import HFEngine, SamplingParams
+        from r3_env.engines import HFEngine, SamplingParams
 
         model, tokenizer = _hf_model(config)
         generator = HFEngine(model, tokenizer, max_batch=config.max_batch)
-        return TokenEngine(
+        return TokenChatEngine(
             generator, tokenizer, config.chat_template, generation, config.max_model_len, config.model, SamplingParams
         )
     from transformers import AutoTokenizer
     from vllm import SamplingParams as VLLMSamplingParams
 
+    from r3_env.engines import VLLMOfflineEngine
+
     def vllm_params(**values: Any) -> Any:
         return VLLMSamplingParams(**values, skip_special_tokens=False)
 
-    generator = VLLMGenerator(config, generation.seed)
+    names = ("dtype", "tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "enforce_eager")
+    options = {name: getattr(config, name) for name in names}
+    generator = VLLMOfflineEngine(config.model, seed=generation.seed, **options)
     tokenizer = AutoTokenizer.from_pretrained(config.model)
-    return TokenEngine(
+    return TokenChatEngine(
         generator, tokenizer, config.chat_template, generation, config.max_model_len, config.model, vllm_params
     )

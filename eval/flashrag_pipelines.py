@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from eval.engines import TokenEngine
+from eval.engines import TokenChatEngine
 from eval.methods import Method, MethodContext, usage_of
 from r3_env.answers import clean_answer
 from r3_env.data import QAItem
@@ -74,7 +74,7 @@ class _Retriever:
 class _Generator:
     """FlashRAG's generator interface over the engine's raw completion."""
 
-    def __init__(self, engine: TokenEngine, max_new_tokens: int) -> None:
+    def __init__(self, engine: TokenChatEngine, max_new_tokens: int) -> None:
         self.engine, self.max_new_tokens = engine, max_new_tokens
         self.tokenizer, self.model_name = engine.tokenizer, engine.name
 
@@ -99,7 +99,7 @@ class _Generator:
         return (texts, scores) if return_scores else texts
 
 
-def _config(engine: TokenEngine, max_new_tokens: int) -> dict[str, Any]:
+def _config(engine: TokenChatEngine, max_new_tokens: int) -> dict[str, Any]:
     """The FlashRAG config keys the pipelines, their prompt template and their evaluator read."""
     return {
         "device": "cpu",
@@ -160,7 +160,7 @@ class FlashRAGMethod(Method):
         key = ("flashrag", self.pipeline)
         if key not in ctx.cache:
             engine = ctx.engine
-            if not isinstance(engine, TokenEngine):
+            if not isinstance(engine, TokenChatEngine):
                 raise ValueError(
                     f"method {self.name} builds its prompts with the model's tokenizer and reads token probabilities: "
                     "use --engine.kind hf or vllm with a local model"

@@ -26,12 +26,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from eval.engines import Engine
+from eval.engines import ChatEngine
 from r3_env.answers import clean_answer
 from r3_env.data import Passage, QAItem, read_label
 from r3_env.env import EnvConfig, RetrievalEnv
 from r3_env.protocol import FormatError, FormatReason, StepFormat, get_format
 from r3_env.protocol.chat import opening_messages
+from r3_env.recipes import load_recipe
 from r3_env.records import episode_fields, play
 from r3_env.retrieval.base import Hit
 from r3_env.retrieval.metrics import retrieval_quality
@@ -44,7 +45,7 @@ Search = Callable[[str, int], Awaitable[list[Hit]]]
 class MethodContext:
     """What a method may use: the engine, the episode rules, batched search."""
 
-    engine: Engine
+    engine: ChatEngine
     env: EnvConfig
     search: Search
     step_format: str = "r3"
@@ -203,15 +204,30 @@ class SingleShot(Method):
 
 @dataclass(frozen=True)
 class TreeSettings:
-    """The ``rrt`` method's settings (``eval run --rrt_*``, ``--reader_format``), recorded in run.json."""
+    """The ``rrt`` method's settings (``eval run --rrt_*``, ``--reader_format``), recorded in run.json; their
+    defaults are R2AG's recipe (:meth:`from_recipe`)."""
 
-    topk: int = 1  # documents per query (R2AG: 1, or 2 at inference)
-    iterations: int = 5  # L_MAX
-    survivors_base: int = 4  # Top-Survivor t for base queries
-    survivors_predicted: int = 2  # t for predicted queries
-    max_base: int = 4  # the multi_query format's limits
-    max_predicted: int = 2
+    topk: int  # documents per query (R2AG: 1, or 2 at inference)
+    iterations: int  # L_MAX
+    survivors_base: int  # Top-Survivor t for base queries
+    survivors_predicted: int  # t for predicted queries
+    max_base: int  # the multi_query format's limits
+    max_predicted: int
     reader_format: str = "r3"  # the step format the reader answers in
+
+    @classmethod
+    def from_recipe(cls, recipe: str = "r2ag") -> TreeSettings:
+        """A recipe's tree (recipes/r2ag.yaml: its tree section, its reward's survivors, its format's limits)."""
+        loaded = load_recipe(recipe)
+        tree, limits = loaded.tree_config(), loaded.rollout_config().policy.format_options
+        return cls(
+            topk=tree.topk,
+            iterations=tree.max_iterations,
+            survivors_base=tree.survivors_base,
+            survivors_predicted=tree.survivors_predicted,
+            max_base=limits["max_base"],
+            max_predicted=limits["max_predicted"],
+        )
 
     @classmethod
     def from_run(cls, config: Any) -> TreeSettings:
@@ -239,7 +255,8 @@ class RetrievalTree(Method):
 
     name = "rrt"
 
-    def __init__(self, settings: TreeSettings = TreeSettings()) -> None:
+    def __init__(self, settings: TreeSettings | None = None) -> None:
+        settings = settings or TreeSettings.from_recipe()
         self.options = settings
         self.step_format = get_format("multi_query", max_base=settings.max_base, max_predicted=settings.max_predicted)
         self.reader = get_format(settings.reader_format)
@@ -312,7 +329,7 @@ _METHODS: dict[str, Callable[[Any], Method]] = {
     "react": lambda _: StepByStep("react", step_format="react"),
     "direct": lambda _: AnswerOnce("direct", with_documents=False),
     "naive_rag": lambda _: AnswerOnce("naive_rag", with_documents=True),
-    "rrt": lambda config: RetrievalTree(TreeSettings.from_run(config) if config is not None else TreeSettings()),
+    "rrt": lambda config: RetrievalTree(TreeSettings.from_run(config) if config is not None else None),
     "single_shot": lambda _: SingleShot(),
 }
 

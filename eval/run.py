@@ -31,8 +31,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from eval.engines import Engine, EngineConfig, EngineError, GenerationConfig, make_engine
-from eval.methods import Method, MethodContext, get_method
+from eval.engines import ChatEngine, EngineConfig, EngineError, GenerationConfig, make_chat_engine
+from eval.methods import Method, MethodContext, TreeSettings, get_method
 from r3_env.batching import Coalescer
 from r3_env.data import JsonlWriter, existing_ids, read_label
 from r3_env.env import EnvConfig
@@ -57,6 +57,9 @@ MANIFEST = "run.json"
 RUNS_LOG = "runs.jsonl"
 
 
+R2AG_TREE = TreeSettings.from_recipe()  # the rrt method's defaults
+
+
 @dataclass(frozen=True)
 class EvalRunConfig:
     """What to evaluate, on what, and where the rows go."""
@@ -74,16 +77,21 @@ class EvalRunConfig:
     naive_topk: int = field(
         default=16, metadata={"help": "naive_rag, single_shot: documents retrieved with the question"}
     )
-    rrt_topk: int = field(default=1, metadata={"help": "rrt: documents retrieved per query of the tree"})
-    rrt_iterations: int = field(default=5, metadata={"help": "rrt: tree iterations at most (L_MAX)"})
+    # the rrt method's defaults: R2AG's recipe (recipes/r2ag.yaml)
+    rrt_topk: int = field(default=R2AG_TREE.topk, metadata={"help": "rrt: documents retrieved per query of the tree"})
+    rrt_iterations: int = field(default=R2AG_TREE.iterations, metadata={"help": "rrt: tree iterations at most (L_MAX)"})
     rrt_survivors_base: int = field(
-        default=4, metadata={"help": "rrt: base queries of a step whose branches go on (Top-Survivor)"}
+        default=R2AG_TREE.survivors_base,
+        metadata={"help": "rrt: base queries of a step whose branches go on (Top-Survivor)"},
     )
     rrt_survivors_predicted: int = field(
-        default=2, metadata={"help": "rrt: predicted queries of a step whose branches go on (Top-Survivor)"}
+        default=R2AG_TREE.survivors_predicted,
+        metadata={"help": "rrt: predicted queries of a step whose branches go on (Top-Survivor)"},
     )
-    rrt_max_base: int = field(default=4, metadata={"help": "rrt: base queries a step may write"})
-    rrt_max_predicted: int = field(default=2, metadata={"help": "rrt: predicted queries a step may write"})
+    rrt_max_base: int = field(default=R2AG_TREE.max_base, metadata={"help": "rrt: base queries a step may write"})
+    rrt_max_predicted: int = field(
+        default=R2AG_TREE.max_predicted, metadata={"help": "rrt: predicted queries a step may write"}
+    )
     reader_format: str = field(
         default="r3", metadata={"help": "rrt: step format the reader answers in from the tree's documents"}
     )
@@ -218,7 +226,7 @@ def batched_search(retriever: Any) -> Any:
     return search
 
 
-class NoEngine(Engine):
+class NoChatEngine(ChatEngine):
     """The engine of a method that generates nothing (single_shot): asking it is a bug."""
 
     name = "none"
@@ -287,7 +295,7 @@ async def run_eval(
     engine_config: EngineConfig,
     generation: GenerationConfig,
     retrieval: RetrievalSource,
-    engine: Engine | None = None,
+    engine: ChatEngine | None = None,
     retriever: Any = None,
 ) -> RunStats:
     """Evaluate ``config.method`` into ``config.out``; returns this invocation's stats.
@@ -367,7 +375,7 @@ async def _evaluate(
     generation: GenerationConfig,
     retrieval: RetrievalSource,
     method: Method,
-    engine: Engine | None,
+    engine: ChatEngine | None,
     retriever: Any,
 ) -> RunStats:
     out = Path(config.out)
@@ -389,10 +397,10 @@ async def _evaluate(
         retriever = retrieval.open()
         owned.append(retriever)
     if engine is None and not method.answers:  # retrieval only: no model to load
-        engine = NoEngine()
+        engine = NoChatEngine()
     if engine is None:
         try:
-            engine = make_engine(engine_config, generation, max_connections=config.concurrency)
+            engine = make_chat_engine(engine_config, generation, max_connections=config.concurrency)
         except BaseException:  # the model did not load: release the retriever before the error goes up
             for resource in owned:
                 await resource.aclose()

@@ -33,7 +33,7 @@ from r3_env.batching import Coalescer
 from r3_env.config import positive_ints
 from r3_env.data import JsonlWriter, iter_jsonl, write_jsonl
 from r3_env.reward_client import AsyncRewardClient, RewardServiceError, check_answer
-from r3_env.runs import JobCounts, JudgeConfig, run_jobs
+from r3_env.runs import JobCounts, JudgeClientConfig, run_jobs
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class ScoreConfig:
         return positive_ints(self.cutoffs, "cutoffs") if self.cutoffs else list(range(1, max_steps + 1))
 
 
-SECTIONS = [("", ScoreConfig), ("judge.", JudgeConfig)]
+SECTIONS = [("", ScoreConfig), ("judge.", JudgeClientConfig)]
 
 
 def read_predictions(run: Path) -> list[dict[str, Any]]:
@@ -87,7 +87,7 @@ async def judge_identity(url: str, cached: list[dict[str, Any]]) -> str:
 
 
 async def judge_answers(
-    rows: list[dict[str, Any]], judge: JudgeConfig, run: Path
+    rows: list[dict[str, Any]], judge: JudgeClientConfig, run: Path
 ) -> tuple[dict[str, dict[str, Any]], str, int]:
     """(verdict per answered question, the judge's name, how many verdicts are fallbacks).
 
@@ -202,7 +202,7 @@ def _question_row(row: dict[str, Any], metric: dict[str, Any], verdicts: dict | 
     }
 
 
-async def score_run(config: ScoreConfig, judge: JudgeConfig) -> dict[str, Any]:
+async def score_run(config: ScoreConfig, judge: JudgeClientConfig) -> dict[str, Any]:
     """Score ``config.run``; writes scores.json and question_scores.jsonl and returns the scores."""
     run = Path(config.run)
     info = read_manifest(run)

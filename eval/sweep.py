@@ -14,12 +14,12 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eval.engines import EngineConfig, GenerationConfig, make_engine
+from eval.engines import EngineConfig, GenerationConfig, make_chat_engine
 from eval.run import EvalRunConfig, format_stats, run_eval
 from eval.score import ScoreConfig, format_scores, score_run
 from r3_env.config import positive_ints
 from r3_env.env import EnvConfig
-from r3_env.runs import JudgeConfig, RetrievalSource
+from r3_env.runs import JudgeClientConfig, RetrievalSource
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ SECTIONS = [
     ("env.", EnvConfig),
     ("engine.", EngineConfig),
     ("generation.", GenerationConfig),
-    ("judge.", JudgeConfig),
+    ("judge.", JudgeClientConfig),
 ]
 
 
@@ -74,7 +74,7 @@ async def run_sweep(
     env: EnvConfig,
     engine_config: EngineConfig,
     generation: GenerationConfig,
-    judge: JudgeConfig,
+    judge: JudgeClientConfig,
     engine=None,
 ) -> int:
     """Run, score and report the sweep under ``config.out``; returns the exit status (1 if a run had failures)."""
@@ -82,7 +82,7 @@ async def run_sweep(
 
     root = Path(config.out)
     owned = engine is None
-    engine = engine or make_engine(engine_config, generation, max_connections=config.concurrency)
+    engine = engine or make_chat_engine(engine_config, generation, max_connections=config.concurrency)
     failed = 0
     try:
         for name, source in sweep.sources().items():

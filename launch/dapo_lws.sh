@@ -5,20 +5,19 @@
 #   ray job submit --address=http://HEAD:8265 --runtime-env-json='{"working_dir": "."}' -- bash launch/dapo_lws.sh
 #   SWITCH_STEP=200 bash launch/dapo_lws.sh --dry-run [more OpenRLHF flags]    # print the resolved command
 #
-# This is launch/ppo_r3.sh with ALGO=dapo and the defaults below; its other variables apply too (services,
-# GPU layout, checkpoints, START_STEP for a resumed run, KL_COEF=0 for DAPO without KL, DYNAMIC_FILTERING).
+# This is launch/ppo_r3.sh with RECIPE=lws (recipes/lws.yaml: the format, the reward, DAPO and the paper's budget);
+# its other variables apply too (services, GPU layout, checkpoints, START_STEP for a resumed run, KL_COEF=0 for
+# DAPO without KL, DYNAMIC_FILTERING) and override the recipe's (ALGO, STEPS, EPISODES, ROLLOUT_BATCH,
+# SAMPLES_PER_PROMPT, ACTOR_LR, TOP_P, MAX_LEN: OpenRLHF 0.11.2 has one limit for the whole episode).
 #
 # Variables (defaults in brackets):
-#   SWITCH_STEP       training step at which stage 2 starts; 0 runs stage 2 only [the config's: 100]
+#   SWITCH_STEP       training step at which stage 2 starts; 0 runs stage 2 only [the recipe's: 100]
 #   BETA              per retrieval: stage 1's bonus for a wrong answer, stage 2's cost for a right one
-#                     [the config's: 0.3]
-#   QUERY_ENCODER     encoder of the search reward's query diversity [the config's: intfloat/e5-base-v2]
+#                     [the recipe's: 0.3]
+#   QUERY_ENCODER     encoder of the search reward's query diversity [the recipe's: intfloat/e5-base-v2]
 #   STEPS             at most this many training steps: the run reads the first STEPS * ROLLOUT_BATCH / EPISODES
-#                     prompts of PROMPT_DATA, EPISODES times [500]
-#   EPISODES          passes over those prompts [1]
-#   AGENT_CONFIG [launch/configs/lws.yaml]  ROLLOUT_BATCH [32]  SAMPLES_PER_PROMPT [32]  ACTOR_LR [1e-6]
-#   MAX_LEN [6144: a prompt of up to 2,048 tokens and 4,096 of steps and documents; OpenRLHF 0.11.2 has
-#   one limit for the whole episode]  SAVE_DIR [checkpoints/lws-<ALGO>]  ALGO [dapo]
+#                     prompts of PROMPT_DATA, EPISODES times [the recipe's: 500]
+#   RECIPE [lws]  SAVE_DIR [checkpoints/lws-<ALGO>]
 #
 # The stage clock. The reward does not see OpenRLHF's step: each vLLM engine counts the episodes it ran and
 # divides by reward.episodes_per_step (ROLLOUT_BATCH * SAMPLES_PER_PROMPT / VLLM_ENGINES), then adds
@@ -37,23 +36,19 @@ here="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=launch/lib.sh
 source "$here/lib.sh"
 
-export ALGO="${ALGO:-dapo}"
-export AGENT_CONFIG="${AGENT_CONFIG:-$here/configs/lws.yaml}"
-export ROLLOUT_BATCH="${ROLLOUT_BATCH:-32}"
-export SAMPLES_PER_PROMPT="${SAMPLES_PER_PROMPT:-32}"
-export ACTOR_LR="${ACTOR_LR:-1e-6}"
-export MAX_LEN="${MAX_LEN:-6144}"
-export EPISODES="${EPISODES:-1}"
-export SAVE_DIR="${SAVE_DIR:-checkpoints/lws-$ALGO}"
-STEPS="${STEPS:-500}"
-require_int 1 STEPS EPISODES ROLLOUT_BATCH
+export RECIPE="${RECIPE:-lws}"
 
 # The schedule reaches the reward as reward.options, which an override replaces whole: ppo_r3.sh merges
-# REWARD_OPTIONS over the config's options.
+# REWARD_OPTIONS over the recipe's options.
 options=()
 if [[ -n "${SWITCH_STEP:-}" ]]; then
     require_int 0 SWITCH_STEP
-    if (( SWITCH_STEP >= STEPS )); then
+    if [[ -z "${STEPS:-}" ]] && ! STEPS="$("${PYTHON:-python3}" -m r3_env.recipes get "$RECIPE" algo.steps 2>&1)"; then
+        echo "RECIPE=$RECIPE: ${STEPS##*$'\n'}" >&2
+        exit 2
+    fi
+    require_int 1 STEPS
+    if (( STEPS && SWITCH_STEP >= STEPS )); then
         echo "warning: SWITCH_STEP=$SWITCH_STEP is not below STEPS=$STEPS: the run stays in stage 1" >&2
     fi
     options+=("\"switch_step\": $SWITCH_STEP")
@@ -71,5 +66,4 @@ if (( ${#options[@]} )); then
     export REWARD_OPTIONS
 fi
 
-exec bash "$here/ppo_r3.sh" --data.max_samples "$(( (STEPS * ROLLOUT_BATCH + EPISODES - 1) / EPISODES ))" \
-    --rollout.top_p 1.0 "$@"
+exec bash "$here/ppo_r3.sh" "$@"

@@ -1,34 +1,35 @@
 #!/usr/bin/env bash
 # R2AG (docs/recipes/r2ag.md) on OpenRLHF: one progressive round of DAPO (group-normalised advantages, no critic, clip
 # 0.2 / 0.28, dynamic filtering) on the retrieval steering model's expansion steps, with the Top-Survivor reward
-# (launch/configs/r2ag.yaml) and the paper's settings. One training sample is one expansion step.
+# (recipes/r2ag.yaml) and the paper's settings. One training sample is one expansion step.
 #
 #   PROMPT_DATA=runs/r2ag/round2/prompts.jsonl POLICY=runs/r2ag/round1/train SAVE_DIR=runs/r2ag/round2/train \
 #       ROUND=2 bash launch/dapo_r2ag.sh --dry-run [more OpenRLHF flags]    # print the resolved command
 #
 # `r3rag r2ag train --trainer openrlhf` calls this once per round with PROMPT_DATA, POLICY and SAVE_DIR set:
 # round r trains the model of round r - 1 on the trees still incomplete and saves the model round r + 1 starts
-# from. This is launch/ppo_r3.sh with ALGO=dapo and the defaults below; its other variables apply too (services,
-# GPU layout, checkpoints, KL_COEF=0 for DAPO without KL, DYNAMIC_FILTERING=0 to keep every group).
+# from. This is launch/ppo_r3.sh with RECIPE=r2ag (recipes/r2ag.yaml: the format, the reward, DAPO and the paper's
+# budget); its other variables apply too (services, GPU layout, checkpoints, KL_COEF=0 for DAPO without KL,
+# DYNAMIC_FILTERING=0 to keep every group) and override the recipe's.
 #
 # Variables (defaults in brackets):
 #   PROMPT_DATA       the round's prompts (<round dir>/prompts.jsonl), FlashRAG jsonl rows: question, and metadata
 #                     holding supporting_passage_ids (the gold ids) and start_documents (the documents kept so far, a list
 #                     of {"id", "contents"}) [required]
 #   POLICY            the model this round trains: the previous round's SAVE_DIR, the base model in round 1
-#                     [Qwen/Qwen3-8B, the paper's steering model]
+#                     [the recipe's: Qwen/Qwen3-8B, the paper's steering model]
 #   ROUND             the progressive round, from 1 [1]
 #   SAVE_DIR          this round's trained model (<round dir>/train); its checkpoints go to <SAVE_DIR>/ckpt, so
 #                     a rerun of a round resumes it [checkpoints/r2ag-round<ROUND>]
 #   STEPS             at most this many training steps: the run reads the first STEPS * ROLLOUT_BATCH / EPISODES
-#                     prompts of PROMPT_DATA, EPISODES times [80: the paper converged in about 80 steps]
-#   EPISODES          passes over those prompts [1]
-#   LABEL_KEY         the label OpenRLHF hands the agent: the row's metadata (gold ids and kept documents) [metadata]
+#                     prompts of PROMPT_DATA, EPISODES times [the recipe's: 80, the paper converged in about 80 steps]
+#   EPISODES          passes over those prompts [the recipe's: 1]
+#   LABEL_KEY         the label OpenRLHF hands the agent: the row's metadata (gold ids and kept documents)
+#                     [the recipe's: metadata]
 #   DYNAMIC_FILTERING_RANGE  a prompt's group is kept when its samples' mean score lies strictly between these
-#                     [0 inf: see below]
-#   AGENT_CONFIG [launch/configs/r2ag.yaml]  ROLLOUT_BATCH [128]  SAMPLES_PER_PROMPT [12]  ACTOR_LR [1e-6]
-#   MAX_LEN [6144: a prompt with its kept documents of up to 2,048 tokens and a step of up to 4,096; OpenRLHF
-#   0.11.2 has one limit for the whole episode]  ALGO [dapo]  KL_COEF [ppo_r3.sh's for dapo: 1e-4]
+#                     [the recipe's: 0 inf, see below]
+#   RECIPE [r2ag]  ROLLOUT_BATCH, SAMPLES_PER_PROMPT, ACTOR_LR, MAX_LEN, ALGO [the recipe's]
+#   KL_COEF [ppo_r3.sh's for dapo: 1e-4]
 #
 # Dynamic filtering. The paper drops the groups whose rewards all equal (std 0). OpenRLHF's filter reads each
 # sample's score (not its reward), averages it over the prompt's group and keeps the group when the mean lies
@@ -53,18 +54,7 @@ if [[ -z "${PROMPT_DATA:-}" ]]; then
     exit 2
 fi
 export PROMPT_DATA
-export ALGO="${ALGO:-dapo}"
-export POLICY="${POLICY:-Qwen/Qwen3-8B}"
-export AGENT_CONFIG="${AGENT_CONFIG:-$here/configs/r2ag.yaml}"
-export LABEL_KEY="${LABEL_KEY:-metadata}"
-export ROLLOUT_BATCH="${ROLLOUT_BATCH:-128}"
-export SAMPLES_PER_PROMPT="${SAMPLES_PER_PROMPT:-12}"
-export ACTOR_LR="${ACTOR_LR:-1e-6}"
-export MAX_LEN="${MAX_LEN:-6144}"
-export EPISODES="${EPISODES:-1}"
+export RECIPE="${RECIPE:-r2ag}"
 export SAVE_DIR="${SAVE_DIR:-checkpoints/r2ag-round$ROUND}"
-export DYNAMIC_FILTERING_RANGE="${DYNAMIC_FILTERING_RANGE:-0 inf}"
-STEPS="${STEPS:-80}"
-require_int 1 STEPS EPISODES ROLLOUT_BATCH
 
-exec bash "$here/ppo_r3.sh" --data.max_samples "$(( (STEPS * ROLLOUT_BATCH + EPISODES - 1) / EPISODES ))" "$@"
+exec bash "$here/ppo_r3.sh" "$@"

@@ -7,28 +7,35 @@
 # The retrieval service (launch/serve_retriever.sh) and the reward server (launch/serve_reward.sh)
 # must be reachable from every node. Flags after the variables' defaults override them.
 #
+# The recipe (RECIPE, recipes/<name>.yaml) holds the method's settings: the agent reads its env, reward,
+# services and policy sections through $R3RAG_AGENT_CONFIG, and its algo section gives the defaults of
+# ALGO, POLICY, LABEL_KEY, ROLLOUT_BATCH, SAMPLES_PER_PROMPT, ACTOR_LR, TOP_P, MAX_LEN, EPISODES, STEPS and
+# DYNAMIC_FILTERING_RANGE below ("the recipe's"); a variable set here wins.
+#
 # Variables (defaults in brackets):
-#   POLICY            the cold-start (SFT) checkpoint or a hub name [Qwen/Qwen2.5-7B-Instruct]
+#   RECIPE            a recipe's name (r3, lws, r2ag: recipes/<name>.yaml) or file [r3]
+#   POLICY            the cold-start (SFT) checkpoint or a hub name [the recipe's; r3: Qwen/Qwen2.5-7B-Instruct]
 #   PROMPT_DATA       RL questions, FlashRAG jsonl (question, golden_answers) [data/hotpotqa_rl.jsonl]
 #   INPUT_KEY         question field [question]
-#   LABEL_KEY         label field: golden answers, or a JSON label (see r3_env.data.read_label) [golden_answers]
+#   LABEL_KEY         label field: golden answers, or a JSON label (see r3_env.data.read_label)
+#                     [the recipe's, else golden_answers]
 #   RETRIEVER_URL     retrieval service [http://127.0.0.1:8000]
 #   REWARD_URL        reward server (judge) [http://127.0.0.1:8002]
-#   AGENT_CONFIG      the environment's YAML (env, reward, services, policy) [launch/configs/r3.yaml]
 #   SCHEME            reward scheme override: r3, outcome, lws, gold_hit [the config's]
 #   REWARD_OPTIONS    JSON object of reward.options, merged over the config's, e.g. '{"beta": 0.5}' [none]
 #   QUERY_ENCODER     reward.query_encoder: encoder folder of schemes that compare queries (lws) [the config's]
 #   ALGO              ppo (GAE + critic, the paper), grpo (group_norm), reinforce++ (reinforce_baseline),
-#                     dapo (group_norm, clip 0.2 / 0.28, dynamic filtering; see launch/dapo_lws.sh) [ppo]
+#                     dapo (group_norm, clip 0.2 / 0.28, dynamic filtering; see launch/dapo_lws.sh)
+#                     [the recipe's; r3: ppo]
 #   KL_COEF           KL coefficient: ppo's penalty in the reward, the others' loss term (k3, k2 for reinforce++);
 #                     0: no KL and no reference model [0.01 for ppo, 0.001 for grpo and reinforce++, 1e-4 for dapo]
 #   DYNAMIC_FILTERING 1: drop prompts whose samples are all right or all wrong and draw others (OpenRLHF's
 #                     dynamic filtering on the score, which r3rag sets to answer accuracy) [1 for dapo, else 0]
 #   DYNAMIC_FILTERING_RANGE  LOW HIGH: dynamic filtering keeps a prompt when its samples' mean score lies
-#                     strictly between them (HIGH may be inf) ["0 1": accuracy neither 0 nor 1]
+#                     strictly between them (HIGH may be inf) [the recipe's, else "0 1": accuracy neither 0 nor 1]
 #   PLACEMENT         step (each step's reward at its last token; ppo only: group baselines normalise
 #                     episode totals) or scalar (one reward per episode) [step for ppo, else scalar]
-#   ROLLOUT_BATCH     prompts per rollout and per training batch [64]
+#   ROLLOUT_BATCH     prompts per rollout and per training batch [the recipe's; r3: 64]
 #   START_STEP        training step a resumed run starts at (the clock of schemes that change with it, lws) [0]
 #   NODES, GPUS_PER_NODE        the Ray cluster's nodes and GPUs per node [1, 8]
 #   COLOCATE          all: actor, ref, critic and vLLM share the same GPUs (sleeping in turn);
@@ -43,11 +50,14 @@
 #   with COLOCATE=all the vLLM engines must cover exactly the actor's GPUs (OpenRLHF's own rule).
 #   SUBMIT_TO         a Ray dashboard address (http://HEAD:8265): check here, then `ray job submit` this
 #                     script with the variables set here, the repository as working dir [unset: run here]
-#   SAMPLES_PER_PROMPT          [4 for ppo, 8 for grpo, reinforce++ and dapo]
-#   ACTOR_LR          actor learning rate [5e-7]
-#   EPISODES          passes over the prompts (--train.num_episodes) [4]
-#   MAX_LEN           prompt + every step + documents, in tokens [8192]
-#   SAVE_DIR          final model [checkpoints/r3-<ALGO>]
+#   SAMPLES_PER_PROMPT          [the recipe's, else 4 for ppo, 8 for grpo, reinforce++ and dapo]
+#   ACTOR_LR          actor learning rate [the recipe's; r3: 5e-7]
+#   TOP_P             rollout top-p (--rollout.top_p) [the recipe's, else OpenRLHF's]
+#   EPISODES          passes over the prompts (--train.num_episodes) [the recipe's; r3: 4]
+#   STEPS             at most this many training steps: the run reads the first STEPS * ROLLOUT_BATCH / EPISODES
+#                     prompts of PROMPT_DATA, EPISODES times [the recipe's, else every prompt]
+#   MAX_LEN           prompt + every step + documents, in tokens [the recipe's; r3: 8192]
+#   SAVE_DIR          final model [checkpoints/<recipe>-<ALGO>]
 #   CKPT_DIR          resumable DeepSpeed checkpoints; a rerun resumes from the newest [<SAVE_DIR>/ckpt]
 #   SAVE_STEPS        checkpoint every N steps [20]
 #   WANDB_API_KEY     log to Weights & Biases when set; TENSORBOARD_DIR to TensorBoard [<SAVE_DIR>/tb]
@@ -65,23 +75,43 @@ split_dry_run "$@"
 # paths inside this repository become relative, since the job runs in the uploaded copy of it.
 repo="$(cd "$here/.." && pwd)"
 set_here=()
-for name in POLICY PROMPT_DATA INPUT_KEY LABEL_KEY RETRIEVER_URL REWARD_URL AGENT_CONFIG SCHEME REWARD_OPTIONS \
+for name in RECIPE POLICY PROMPT_DATA INPUT_KEY LABEL_KEY RETRIEVER_URL REWARD_URL SCHEME REWARD_OPTIONS \
     QUERY_ENCODER ALGO KL_COEF DYNAMIC_FILTERING DYNAMIC_FILTERING_RANGE PLACEMENT ROLLOUT_BATCH START_STEP \
     NODES GPUS_PER_NODE COLOCATE ACTOR_NODES ACTOR_GPUS_PER_NODE CRITIC_NODES CRITIC_GPUS_PER_NODE \
-    VLLM_ENGINES VLLM_TP VLLM_GPU_MEMORY SAMPLES_PER_PROMPT ACTOR_LR EPISODES MAX_LEN SAVE_DIR CKPT_DIR \
+    VLLM_ENGINES VLLM_TP VLLM_GPU_MEMORY SAMPLES_PER_PROMPT ACTOR_LR TOP_P EPISODES STEPS MAX_LEN SAVE_DIR CKPT_DIR \
     SAVE_STEPS TENSORBOARD_DIR TRAJECTORY_LOG; do
     if [[ -n "${!name+set}" ]]; then value="${!name}"; set_here+=("$name=${value#"$repo"/}"); fi
 done
 
 PYTHON="${PYTHON:-python3}"
-POLICY="${POLICY:-Qwen/Qwen2.5-7B-Instruct}"
+if ! r3_env_dir="$("$PYTHON" -c 'import importlib.util as u; print(u.find_spec("r3_env").submodule_search_locations[0])' 2>/dev/null)"; then
+    echo "r3rag is not installed for $PYTHON: pip install -e . (or set PYTHON to the env's python)" >&2
+    exit 2
+fi
+# The recipe's settings (recipe_path, recipe_name, recipe_<VARIABLE>), read by r3_env.recipes.
+RECIPE="${RECIPE:-r3}"
+if ! recipe_lines="$("$PYTHON" -m r3_env.recipes shell "$RECIPE" 2>&1)"; then
+    echo "RECIPE=$RECIPE: ${recipe_lines##*$'\n'}" >&2
+    exit 2
+fi
+recipe_path="" recipe_name="" recipe_ALGO="" recipe_POLICY="" recipe_LABEL_KEY="" recipe_ROLLOUT_BATCH=""
+recipe_SAMPLES_PER_PROMPT="" recipe_ACTOR_LR="" recipe_TOP_P="" recipe_MAX_LEN="" recipe_EPISODES="" recipe_STEPS=""
+recipe_DYNAMIC_FILTERING_RANGE=""
+eval "$recipe_lines"
+for name in POLICY ROLLOUT_BATCH ACTOR_LR EPISODES MAX_LEN; do
+    from_recipe="recipe_$name"
+    if [[ -z "${!name:-}" && -z "${!from_recipe}" ]]; then
+        echo "RECIPE=$RECIPE ($recipe_path) does not set $name: set $name, or its key in the recipe's algo section" >&2
+        exit 2
+    fi
+done
+POLICY="${POLICY:-$recipe_POLICY}"
 PROMPT_DATA="${PROMPT_DATA:-data/hotpotqa_rl.jsonl}"
 INPUT_KEY="${INPUT_KEY:-question}"
-LABEL_KEY="${LABEL_KEY:-golden_answers}"
+LABEL_KEY="${LABEL_KEY:-${recipe_LABEL_KEY:-golden_answers}}"
 RETRIEVER_URL="${RETRIEVER_URL:-http://127.0.0.1:8000}"
 REWARD_URL="${REWARD_URL:-http://127.0.0.1:8002}"
-AGENT_CONFIG="${AGENT_CONFIG:-$here/configs/r3.yaml}"
-ALGO="${ALGO:-ppo}"
+ALGO="${ALGO:-${recipe_ALGO:-ppo}}"
 NODES="${NODES:-1}"
 GPUS_PER_NODE="${GPUS_PER_NODE:-8}"
 COLOCATE="${COLOCATE:-all}"
@@ -94,16 +124,19 @@ VLLM_TP="${VLLM_TP:-1}"
 require_int 1 ACTOR_NODES ACTOR_GPUS_PER_NODE CRITIC_NODES CRITIC_GPUS_PER_NODE VLLM_TP
 VLLM_ENGINES="${VLLM_ENGINES:-$((ACTOR_NODES * ACTOR_GPUS_PER_NODE / VLLM_TP))}"
 if [[ "$COLOCATE" == all ]]; then VLLM_GPU_MEMORY="${VLLM_GPU_MEMORY:-0.5}"; else VLLM_GPU_MEMORY="${VLLM_GPU_MEMORY:-0.9}"; fi
-MAX_LEN="${MAX_LEN:-8192}"
-SAVE_DIR="${SAVE_DIR:-checkpoints/r3-$ALGO}"
+MAX_LEN="${MAX_LEN:-$recipe_MAX_LEN}"
+SAVE_DIR="${SAVE_DIR:-checkpoints/$recipe_name-$ALGO}"
 CKPT_DIR="${CKPT_DIR:-$SAVE_DIR/ckpt}"
 SAVE_STEPS="${SAVE_STEPS:-20}"
 TENSORBOARD_DIR="${TENSORBOARD_DIR:-$SAVE_DIR/tb}"
-ROLLOUT_BATCH="${ROLLOUT_BATCH:-64}"
+ROLLOUT_BATCH="${ROLLOUT_BATCH:-$recipe_ROLLOUT_BATCH}"
 START_STEP_SET="${START_STEP:-}"
 START_STEP="${START_STEP:-0}"
-ACTOR_LR="${ACTOR_LR:-5e-7}"
-EPISODES="${EPISODES:-4}"
+ACTOR_LR="${ACTOR_LR:-$recipe_ACTOR_LR}"
+EPISODES="${EPISODES:-$recipe_EPISODES}"
+SAMPLES_PER_PROMPT="${SAMPLES_PER_PROMPT:-${recipe_SAMPLES_PER_PROMPT:-}}"
+TOP_P="${TOP_P:-${recipe_TOP_P:-}}"
+STEPS="${STEPS:-${recipe_STEPS:-}}"
 
 case "$ALGO" in
     ppo)
@@ -131,8 +164,17 @@ case "$ALGO" in
         exit 2 ;;
 esac
 DYNAMIC_FILTERING="${DYNAMIC_FILTERING:-0}"
-DYNAMIC_FILTERING_RANGE="${DYNAMIC_FILTERING_RANGE:-0 1}"
+DYNAMIC_FILTERING_RANGE="${DYNAMIC_FILTERING_RANGE:-${recipe_DYNAMIC_FILTERING_RANGE:-0 1}}"
 require_int 1 VLLM_ENGINES ROLLOUT_BATCH SAMPLES_PER_PROMPT EPISODES
+# STEPS caps the prompts read: STEPS * ROLLOUT_BATCH / EPISODES of them, EPISODES times
+if [[ -n "$STEPS" ]]; then
+    require_int 1 STEPS
+    algo_flags+=(--data.max_samples "$(( (STEPS * ROLLOUT_BATCH + EPISODES - 1) / EPISODES ))")
+fi
+if [[ -n "$TOP_P" ]]; then
+    require_number TOP_P
+    algo_flags+=(--rollout.top_p "$TOP_P")
+fi
 require_int 0 START_STEP
 require_number ACTOR_LR KL_COEF
 if [[ "$DYNAMIC_FILTERING" != 0 && "$DYNAMIC_FILTERING" != 1 ]]; then
@@ -217,10 +259,6 @@ check_layout() {
 }
 
 check_layout
-if [[ ! -f "$AGENT_CONFIG" ]]; then
-    echo "AGENT_CONFIG=$AGENT_CONFIG does not exist" >&2
-    exit 2
-fi
 
 # The agent reads its config from these in every Ray worker (r3_env.openrlhf.train forwards R3RAG_*).
 # A staged scheme's clock counts the episodes of one vLLM engine; OpenRLHF deals whole prompts to engines.
@@ -232,10 +270,6 @@ overrides+=", \"reward.start_step\": $START_STEP"
 if [[ -n "${SCHEME:-}" ]]; then overrides+=", \"reward.scheme\": \"$SCHEME\""; fi
 if [[ -n "${QUERY_ENCODER:-}" ]]; then overrides+=", \"reward.query_encoder\": \"$QUERY_ENCODER\""; fi
 if [[ -n "${TRAJECTORY_LOG:-}" ]]; then overrides+=", \"policy.trajectory_log\": \"$TRAJECTORY_LOG\""; fi
-if ! r3_env_dir="$("$PYTHON" -c 'import importlib.util as u; print(u.find_spec("r3_env").submodule_search_locations[0])' 2>/dev/null)"; then
-    echo "r3rag is not installed for $PYTHON: pip install -e . (or set PYTHON to the env's python)" >&2
-    exit 2
-fi
 agent_file="$r3_env_dir/openrlhf/agent.py"
 if (( DYNAMIC_FILTERING )) && ! "$PYTHON" -c 'import sys; sys.exit(not float(sys.argv[1]) < float(sys.argv[2]))' \
     "$filter_low" "$filter_high"; then
@@ -243,31 +277,17 @@ if (( DYNAMIC_FILTERING )) && ! "$PYTHON" -c 'import sys; sys.exit(not float(sys
     exit 2
 fi
 if [[ -n "${REWARD_OPTIONS:-}" ]]; then
-    # An override replaces reward.options whole, so the config's options are merged in here.
-    merge='import json, sys
-from r3_env.config import load_yaml
-options = (load_yaml(sys.argv[1]).get("reward") or {}).get("options") or {}
-try:
-    extra = json.loads(sys.argv[2])
-except ValueError:
-    extra = None
-if not isinstance(extra, dict):
-    sys.exit(f"REWARD_OPTIONS must be a JSON object like {{\"beta\": 0.5}}, got {sys.argv[2]!r}")
-print(json.dumps({**options, **extra}))'
-    reward_options="$("$PYTHON" -c "$merge" "$AGENT_CONFIG" "$REWARD_OPTIONS")" || exit 2
+    # An override replaces reward.options whole, so the recipe's options are merged in here.
+    reward_options="$("$PYTHON" -m r3_env.recipes reward-options "$recipe_path" "$REWARD_OPTIONS")" || exit 2
     overrides+=", \"reward.options\": $reward_options"
 fi
 overrides+="}"
-export R3RAG_AGENT_CONFIG="$AGENT_CONFIG"
+export R3RAG_AGENT_CONFIG="$recipe_path"
 export R3RAG_AGENT_OVERRIDES="$overrides"
 
 # The config as the agent will read it; a scheme that changes with the training step needs an exact clock.
-staged_check='from r3_env.rewards import get_scheme
-from r3_env.rollout import RolloutConfig
-reward = RolloutConfig.from_environment().reward
-print(int(get_scheme(reward.scheme, **reward.options).needs_training_step))'
-if ! staged="$("$PYTHON" -c "$staged_check" 2>&1)"; then
-    echo "cannot read the agent config with $PYTHON (${staged##*$'\n'}): check AGENT_CONFIG and the overrides," \
+if ! staged="$("$PYTHON" -m r3_env.recipes staged 2>&1)"; then
+    echo "cannot read the agent config with $PYTHON (${staged##*$'\n'}): check RECIPE and the overrides," \
         "or set PYTHON to the python of the env r3rag is installed in" >&2
     exit 2
 fi

@@ -249,7 +249,7 @@ fi
 stage ppo "5b. RL: launch/ppo_r3.sh (OpenRLHF, DeepSpeed, vLLM; 1 GPU, everything colocated)"
 ppo="$OUT/ppo"
 script_env=(RAY_ADDRESS="$ray_address" PYTHON="$PYTHON" POLICY="$start_policy" PROMPT_DATA="$world/train.jsonl"
-    RETRIEVER_URL="$retriever_url" REWARD_URL="$reward_url" AGENT_CONFIG="$here/configs/r3.yaml"
+    RETRIEVER_URL="$retriever_url" REWARD_URL="$reward_url" RECIPE=r3
     NODES=1 GPUS_PER_NODE=1 COLOCATE=all VLLM_ENGINES=1 VLLM_TP=1
     ROLLOUT_BATCH="$ROLLOUT_BATCH" SAMPLES_PER_PROMPT="$SAMPLES_PER_PROMPT" EPISODES=1 MAX_LEN="$MAX_LEN"
     SAVE_DIR="$ppo/model" CKPT_DIR="$ppo/ckpt" SAVE_STEPS="$STEPS" TENSORBOARD_DIR="$ppo/tb"

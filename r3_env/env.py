@@ -15,8 +15,8 @@ union of what they found; its stop signal ends the episode after that retrieval,
 as already shown.
 
 Reaching ``max_steps`` retrievals without an answer ends the episode with no answer. Every step
-leaves a :class:`StepRecord` (query, document ids and titles, later the judge's relevance): the
-record is what rewards, logs and evaluation read.
+leaves a :class:`StepRecord` (the parsed step, document ids and titles, later the judge's relevance):
+the record is what rewards, logs and evaluation read.
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from r3_env.data import Passage
+from r3_env.episode import BranchHit, GoldProgress
 from r3_env.protocol import FormatError, FormatReason, MessageRenderer, Step
 from r3_env.retrieval.base import Hit
 
@@ -37,7 +38,7 @@ SearchFn = Callable[[str, int], Awaitable[list[Hit]]]
 
 @dataclass(frozen=True)
 class EnvConfig:
-    """The episode's rules. Defaults follow the paper's evaluation; ``launch/configs/r3.yaml`` has the RL ones."""
+    """The episode's rules. Defaults follow the paper's evaluation; ``recipes/r3.yaml`` has the RL ones."""
 
     max_steps: int = 5  # retrieval steps before the episode ends with no answer
     topk: int = 5  # documents asked of the retriever per query
@@ -73,24 +74,30 @@ class StepKind(str, enum.Enum):
     FORMAT_ERROR = "format_error"
 
 
+# A step that did not parse, in the trajectory log's flat row (Step.to_json(every_field=True)'s keys).
+_UNPARSED = {
+    "analysis": "",
+    "query": None,
+    "answer": None,
+    "reflection": None,
+    "queries": [],
+    "predicted": [],
+    "stop": False,
+}
+
+
 @dataclass
 class StepRecord:
-    """What one policy step did. ``relevance`` and ``new_gold`` are filled in by scoring.
+    """What one policy step did: the parsed ``step`` (None when it did not parse), what it retrieved, and
+    what scoring later adds (``relevance``, ``new_gold``).
 
-    A multi_query step records its base ``queries`` and ``predicted`` ones (``query`` is None) and its
-    ``stop`` signal. ``hits`` holds each query's own top-k ids (base queries first) as the retriever
-    returned them; ``doc_ids`` are the documents the step kept to show.
+    ``hits`` holds each of the step's queries' own top-k ids (a multi_query step's base queries first)
+    as the retriever returned them; ``doc_ids`` are the documents the step kept to show.
     """
 
     kind: StepKind
     action: str
-    analysis: str = ""
-    query: str | None = None
-    answer: str | None = None
-    reflection: str | None = None
-    queries: list[str] = field(default_factory=list)
-    predicted: list[str] = field(default_factory=list)
-    stop: bool = False
+    step: Step | None = None
     hits: list[list[str]] = field(default_factory=list)
     doc_ids: list[str] = field(default_factory=list)
     titles: list[str] = field(default_factory=list)
@@ -101,8 +108,10 @@ class StepRecord:
     new_gold: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        row = asdict(self)
-        row["kind"] = self.kind.value
+        """The trajectory log's row: every field of the step flat beside the record's (empty when it did not parse)."""
+        step = self.step.to_json(every_field=True) if self.step is not None else dict(_UNPARSED)
+        row = {"kind": self.kind.value, "action": self.action, **step}
+        row.update((f.name, getattr(self, f.name)) for f in fields(self) if f.name not in ("kind", "action", "step"))
         return row
 
 
@@ -151,7 +160,7 @@ class RetrievalEnv:
     @property
     def answer(self) -> str | None:
         last = self.steps[-1] if self.steps else None
-        return last.answer if last is not None and last.kind is StepKind.ANSWER else None
+        return last.step.answer if last is not None and last.kind is StepKind.ANSWER else None
 
     @property
     def format_error(self) -> str | None:
@@ -183,16 +192,7 @@ class RetrievalEnv:
             return self._finish(StepRecord(StepKind.FORMAT_ERROR, action_text, format_error=error.reason.value))
         if parsed.is_final:
             kind = StepKind.ANSWER if parsed.answer is not None else StepKind.STOP
-            return self._finish(
-                StepRecord(
-                    kind,
-                    action_text,
-                    parsed.analysis,
-                    answer=parsed.answer,
-                    reflection=parsed.reflection,
-                    stop=parsed.stop,
-                )
-            )
+            return self._finish(StepRecord(kind, action_text, parsed))
         return await self._retrieve(action_text, parsed, closed if turn_ended is None else turn_ended)
 
     async def _retrieve(self, action_text: str, parsed: Step, turn_ended: bool) -> StepResult:
@@ -203,12 +203,7 @@ class RetrievalEnv:
         record = StepRecord(
             StepKind.QUERY,
             action_text,
-            parsed.analysis,
-            query=parsed.query,
-            reflection=parsed.reflection,
-            queries=list(parsed.queries),
-            predicted=list(parsed.predicted),
-            stop=parsed.stop,
+            parsed,
             hits=[[hit.passage.id for hit in hits] for hits in found],
             doc_ids=[p.id for p in kept],
             titles=[p.title for p in kept],
@@ -222,6 +217,30 @@ class RetrievalEnv:
             return StepResult(done=True, documents=tuple(kept))
         feedback = self.renderer.observation(kept, self.retrievals, action_closed=turn_ended)
         return StepResult(feedback=feedback, documents=tuple(kept))
+
+    def gold_progress(self, gold_ids: Sequence[str]) -> GoldProgress:
+        """The gold passages this finished episode found, step by step; sets each query record's ``new_gold``.
+
+        A step finds what it showed; a multi-query step's queries also each find their top-1 (R2AG's
+        vertices), which the document limits may not have shown. Each query's top-1 is a branch hit,
+        new when neither the starting context nor an earlier query or step found it.
+        """
+        gold = set(gold_ids)
+        seen = {p.id for p in self.context} & gold
+        before, new, branches = len(seen), [], []
+        for record in [record for record in self.steps if record.kind is StepKind.QUERY]:
+            hits, found, base = [], set(seen), len(record.step.queries)
+            for number, ids in enumerate(record.hits):
+                top = ids[0] if ids else None
+                hits.append(BranchHit(top in gold, top in gold and top not in found, number >= base))
+                found.add(top)
+            branches.append(hits)
+            tops = [ids[0] for ids in record.hits if ids] if record.step.query is None else []
+            fresh = {i for i in [*record.doc_ids, *tops] if i in gold} - seen
+            record.new_gold = len(fresh)
+            new.append(record.new_gold)
+            seen |= fresh
+        return GoldProgress(len(gold), before, new, branches)
 
     def _select(self, passages: Sequence[Passage]) -> list[Passage]:
         config, kept = self.config, []

@@ -13,6 +13,9 @@ answer, and the full documents shown after it, so SFT data can be rendered later
      "steps": [{"analysis": "...", "query": "...", "documents": [{"id": "..", "contents": "title\\ntext"}]},
                ..., {"analysis": "...", "answer": "..."}],
      "usage": {"requests": 3, "prompt_tokens": 2310, "completion_tokens": 180}, "teacher": "deepseek-chat"}
+
+A step's row is :meth:`r3_env.protocol.Step.to_json` (a ``multi_query`` step's are its ``queries``,
+``predicted`` and ``stop``), so a record reads back in every step format.
 """
 
 from __future__ import annotations
@@ -35,10 +38,9 @@ def env_turns(env: RetrievalEnv) -> list[Turn]:
     turns, documents = [], iter(env.documents)
     for record in env.steps:
         if record.kind is StepKind.QUERY:
-            step = Step(record.analysis, query=record.query, reflection=record.reflection)
-            turns.append(Turn(step, tuple(next(documents))))
-        elif record.kind is StepKind.ANSWER:
-            turns.append(Turn(Step(record.analysis, answer=record.answer, reflection=record.reflection)))
+            turns.append(Turn(record.step, tuple(next(documents))))
+        elif record.step is not None:
+            turns.append(Turn(record.step))
     return turns
 
 
@@ -46,14 +48,9 @@ def steps_json(env: RetrievalEnv) -> list[dict[str, Any]]:
     """A finished episode's steps as record rows (see the module docstring)."""
     rows: list[dict[str, Any]] = []
     for turn in env_turns(env):
-        step = turn.step
-        row: dict[str, Any] = {"analysis": step.analysis}
-        if step.reflection is not None:
-            row["reflection"] = step.reflection
-        if step.is_final:
-            row["answer"] = step.answer
-        else:
-            row.update(query=step.query, documents=[p.to_json() for p in turn.documents])
+        row = turn.step.to_json()
+        if not turn.step.is_final:
+            row["documents"] = [p.to_json() for p in turn.documents]
         rows.append(row)
     return rows
 
@@ -90,15 +87,13 @@ def turns_of(row: dict[str, Any], where: str = "trajectory") -> list[Turn]:
     turns = []
     for number, step in enumerate(steps, start=1):
         try:
-            parsed = Step(
-                step["analysis"], query=step.get("query"), answer=step.get("answer"), reflection=step.get("reflection")
-            )
+            parsed = Step.from_json(step)
             documents: Sequence[Passage] = tuple(
                 Passage(str(doc["id"]), str(doc["contents"])) for doc in step.get("documents") or ()
             )
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(
-                f"{where}: step {number} is malformed ({error}); expected analysis and query or answer"
+                f"{where}: step {number} is malformed ({error}); expected analysis and query, answer or queries"
             ) from None
         turns.append(Turn(parsed, documents))
     if any(turn.step.is_final for turn in turns[:-1]):

@@ -22,82 +22,14 @@ is the scalar episode reward.
 
 from __future__ import annotations
 
-import enum
 import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
+from r3_env.episode import BranchHit as BranchHit  # a scheme's whole API is importable from here
+from r3_env.episode import Episode, Outcome, Signal
 from r3_env.retrieval.metrics import average_precision
-
-
-class Outcome(str, enum.Enum):
-    CORRECT = "correct"
-    WRONG = "wrong"
-    NO_ANSWER = "no_answer"  # the episode ended after a retrieval step: max_steps, or a stop signal with queries
-    STOPPED = "stopped"  # multi_query: a final step that only signals stop (the steering model never answers)
-    FORMAT_ERROR = "format_error"  # a step did not parse; the episode ended there
-
-
-@dataclass(frozen=True)
-class BranchHit:
-    """One query of a multi_query step: is its top-1 document gold, and seen for the first time?"""
-
-    gold: bool
-    new: bool = False  # not in the starting context, nor found by an earlier query or step
-    predicted: bool = False  # an anticipatory query (R2AG's predicted-Q), not a base one
-
-
-@dataclass(frozen=True)
-class Episode:
-    """What a scheme needs to know about one finished episode.
-
-    The policy's steps are the retrieval steps, then (unless the outcome is NO_ANSWER) one
-    final step: the answer, or the step that broke the format. ``relevance`` has one score in
-    [0, 1] per retrieval step (zeros when the scheme asked for no judge), so its length is the
-    number of retrievals. The other fields are filled when a scheme needs them: ``new_gold``
-    (per retrieval step, gold passages not retrieved before) and ``gold_total`` for
-    ``gold_hit``; ``queries``, ``query_similarity`` (mean pairwise cosine of the query
-    embeddings) and ``training_step`` for ``lws``; ``branches`` (per retrieval step, each query's
-    top-1 hit), ``gold_before`` (gold passages in the episode's starting context) and
-    ``stopped`` (the last step signalled stop) for ``top_survivor``.
-    """
-
-    outcome: Outcome
-    relevance: Sequence[float] = ()
-    new_gold: Sequence[int] = ()
-    gold_total: int = 0
-    queries: Sequence[str] = ()
-    query_similarity: float | None = None
-    training_step: int = 0
-    branches: Sequence[Sequence[BranchHit]] = ()
-    gold_before: int = 0
-    stopped: bool = False
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.outcome, Outcome):
-            object.__setattr__(self, "outcome", Outcome(self.outcome))
-        if any(not 0.0 <= r <= 1.0 for r in self.relevance):
-            raise ValueError(f"relevance scores must lie in [0, 1], got {list(self.relevance)}")
-        if self.outcome is Outcome.NO_ANSWER and not self.relevance:
-            raise ValueError("a no-answer episode has at least one retrieval step")
-        for name in ("new_gold", "queries", "branches"):
-            values = getattr(self, name)
-            if values and len(values) != len(self.relevance):
-                raise ValueError(f"{name} has {len(values)} entries for {len(self.relevance)} retrieval steps")
-        if self.gold_before + sum(self.new_gold) > self.gold_total:
-            raise ValueError(
-                f"gold_before={self.gold_before} plus new_gold {list(self.new_gold)} is more than "
-                f"gold_total={self.gold_total}"
-            )
-
-    @property
-    def retrievals(self) -> int:
-        return len(self.relevance)
-
-    @property
-    def num_steps(self) -> int:
-        return self.retrievals + (self.outcome is not Outcome.NO_ANSWER)
 
 
 @dataclass(frozen=True)
@@ -313,6 +245,9 @@ class RewardScheme:
     broken step or a stop before every gold passage was found, at least the format bonus otherwise;
     the range (0, inf) drops the all-zero groups, while groups whose rewards are all equal and
     positive stay, with zero advantages).
+    ``signals`` maps the names of the scheme's own episode signals to the functions that compute them
+    from the episode's :class:`r3_env.episode.Trace`; the scheme reads their values in ``episode.signals``.
+    The rollout and the reward server compute them alike, so a scheme with a new signal changes nothing else.
     """
 
     name: str
@@ -324,6 +259,7 @@ class RewardScheme:
     needs_training_step: bool = False
     stage_switch: int | None = None
     score: Literal["accuracy", "gold_recall", "reward"] | None = None  # None: accuracy when it needs correctness
+    signals: Mapping[str, Signal] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.score is None:

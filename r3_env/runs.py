@@ -52,7 +52,7 @@ class RetrievalSource:
 
 
 @dataclass(frozen=True)
-class JudgeConfig:
+class JudgeClientConfig:
     """The correctness judge, for answers that do not match a golden answer as strings."""
 
     url: str = field(default="", metadata={"help": "reward server URL (r3rag reward serve); empty: match only"})

@@ -24,12 +24,15 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from r3_env.data import Passage
 from r3_env.protocol import FormatError, StepFormat
 from r3_env.retrieval.base import Hit
 from r3_env.retrieval.metrics import retrieval_quality
+
+if TYPE_CHECKING:
+    from r3_env.engines import TokenEngine
 
 logger = logging.getLogger(__name__)
 
@@ -41,12 +44,13 @@ SearchMany = Callable[[Sequence[str], int], Awaitable[list[list[Hit]]]]
 
 @dataclass(frozen=True)
 class TreeConfig:
-    """Expansion rules (docs/recipes/r2ag.md#the-retrieval-tree: k = 1 in training, 1 or 2 at inference; L_MAX 5)."""
+    """Expansion rules (docs/recipes/r2ag.md#the-retrieval-tree); R2AG's are its recipe's
+    (``load_recipe("r2ag").tree_config()``: k = 1 in training, 1 or 2 at inference; L_MAX 5)."""
 
-    topk: int = 1  # documents per query
-    max_iterations: int = 5  # L_MAX
-    survivors_base: int = 4  # t for base queries (the paper: the dataset's maximum hop count M)
-    survivors_predicted: int = 2  # t for predicted queries (the paper: M / 2)
+    topk: int  # documents per query
+    max_iterations: int  # L_MAX
+    survivors_base: int  # t for base queries (the paper: the dataset's maximum hop count M)
+    survivors_predicted: int  # t for predicted queries (the paper: M / 2)
     max_frontier: int = 16  # vertices expanded per iteration at most, breadth-first (bounds a bad policy's cost)
     max_query_chars: int = 1024
 
@@ -164,7 +168,7 @@ async def expand_tree(
     steer: Steer,
     search_many: SearchMany,
     step_format: StepFormat,
-    config: TreeConfig = TreeConfig(),
+    config: TreeConfig,
     gold_ids: Sequence[str] = (),
     context: Sequence[Passage] = (),
 ) -> Tree:
@@ -264,9 +268,9 @@ def tree_metrics(tree: Tree) -> dict[str, float]:
 
 
 def token_steerer(
-    renderer: Any, engine: Any, sampling_params: Any, max_tokens: int, max_length: int | None = None
+    renderer: Any, engine: TokenEngine, sampling_params: Any, max_tokens: int, max_length: int | None = None
 ) -> Steer:
-    """A Steer over an engine with OpenRLHF's ``generate(prompt_token_ids, params)`` contract (HFEngine, vLLM).
+    """A Steer over a :class:`~r3_env.engines.TokenEngine` (HFEngine, vLLM).
 
     ``renderer`` is a :class:`r3_env.protocol.ChatRenderer` in the multi_query format; the step ends at
     the chat template's turn end.

@@ -3,7 +3,8 @@
 ``score_transcripts`` is what OpenRLHF's remote reward protocol calls: it splits each transcript
 into steps with the policy's chat template (``r3_env.protocol``), judges every retrieval step's
 documents and the final answer in two batched judge calls, and combines them with a reward
-scheme (``r3_env.rewards``).
+scheme (``r3_env.rewards``). The outcome and the scheme's Episode are made as the rollout makes
+them (``r3_env.episode``).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from typing import Any
 
 from r3_env.answers import answer_matches, clean_answer
 from r3_env.data import read_label
+from r3_env.episode import SCORED_OUTCOMES, Outcome, Trace, build_episode, classify
 from r3_env.protocol import ChatRenderer, FormatError, Step
-from r3_env.rewards import Episode, Outcome, RewardScheme
+from r3_env.rewards import RewardScheme
 from reward_server.judges.base import CorrectnessItem, Judge, JudgeResult, RelevanceItem
 from reward_server.metrics import RewardMetrics
 
@@ -82,6 +84,9 @@ class ParsedTranscript:
     def answer(self) -> str | None:
         return self.steps[-1].answer if self.steps and self.steps[-1].is_final else None
 
+    def trace(self) -> Trace:
+        return Trace(self.question, self.golden_answers, self.steps, self.format_error, self.documents)
+
 
 def parse_transcript(
     renderer: ChatRenderer, query: str, prompt: str | None, label: Any, max_steps: int
@@ -115,6 +120,9 @@ def parse_transcript(
     return parsed
 
 
+_STEP_LOGS = ("num_steps", "relevance_mean", "judge_fallbacks")
+
+
 async def score_transcripts(
     renderer: ChatRenderer,
     judge: Judge,
@@ -146,37 +154,26 @@ async def score_transcripts(
     for owner, result in zip(owners, relevance, strict=True):
         scores_of.setdefault(owner, []).append(result)
 
-    rewards, step_rewards, outcomes, logs = (
-        [],
-        [],
-        [],
-        {
-            key: []
-            for key in (*(o.value for o in Outcome), "unreadable", "num_steps", "relevance_mean", "judge_fallbacks")
-        },
-    )
+    reported = (*SCORED_OUTCOMES, Outcome.UNREADABLE)  # extra_logs: one flag per outcome, by its value
+    rewards, step_rewards, outcomes = [], [], []
+    logs: dict[str, list[float]] = {key: [] for key in (*(o.value for o in reported), *_STEP_LOGS)}
     for index, transcript in enumerate(parsed):
-        judged = scores_of.get(index, [])
+        judged, verdict = scores_of.get(index, []), verdict_of.get(index)
         rel = [r.score for r in judged] if scheme.needs_relevance else [0.0] * len(transcript.documents)
         if transcript.problem:
             logger.warning("transcript %d gets a neutral reward: %s", index, transcript.problem)
-            outcome, per_step = "unreadable", []
+            outcome, per_step = Outcome.UNREADABLE, []
         else:
-            if transcript.format_error:
-                kind = Outcome.FORMAT_ERROR
-            elif transcript.answer is None:
-                kind = Outcome.NO_ANSWER
-            else:
-                kind = Outcome.CORRECT if verdict_of[index].correct else Outcome.WRONG
-            outcome, per_step = kind.value, scheme.step_rewards(Episode(kind, rel))
+            last = transcript.steps[-1] if transcript.steps else None
+            outcome = classify(transcript.format_error, last, correct=verdict is not None and verdict.correct)
+            per_step = scheme.step_rewards(build_episode(scheme, outcome, transcript.trace(), rel))
         rewards.append(sum(per_step))
         step_rewards.append(per_step)
-        outcomes.append(outcome)
-        for kind_name in (*(o.value for o in Outcome), "unreadable"):
-            logs[kind_name].append(float(outcome == kind_name))
+        outcomes.append(outcome.value)
+        for kind in reported:
+            logs[kind.value].append(float(outcome is kind))
         logs["num_steps"].append(float(len(transcript.steps) + (transcript.format_error is not None)))
         logs["relevance_mean"].append(sum(rel) / len(rel) if rel else 0.0)
-        verdict = verdict_of.get(index)
         logs["judge_fallbacks"].append(
             float(sum(r.fallback for r in judged) + bool(verdict and verdict.method == "fallback"))
         )

@@ -340,9 +340,9 @@ def scripted_engine(folder, plans: dict):
     """The evaluation's token engine over HFEngine, writing ``plans`` (see :class:`Script`) for planned questions."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from eval.engines import GenerationConfig, TokenEngine
-    from r3_env.hf_engine import HFEngine, SamplingParams
+    from eval.engines import GenerationConfig, TokenChatEngine
+    from r3_env.engines import HFEngine, SamplingParams
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     generator = HFEngine(AutoModelForCausalLM.from_pretrained(folder), tokenizer, script=Script(tokenizer, plans))
-    return TokenEngine(generator, tokenizer, "auto", GenerationConfig(), 4096, "tiny", SamplingParams)
+    return TokenChatEngine(generator, tokenizer, "auto", GenerationConfig(), 4096, "tiny", SamplingParams)

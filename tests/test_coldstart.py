@@ -26,7 +26,7 @@ from r3_env.coldstart.teacher import TeacherConfig, TeacherError
 from r3_env.env import EnvConfig
 from r3_env.protocol import get_format
 from r3_env.retrieval.index_builder import IndexBuildConfig, build_index
-from r3_env.runs import JudgeConfig, RetrievalSource, check_manifest, load_questions
+from r3_env.runs import JudgeClientConfig, RetrievalSource, check_manifest, load_questions
 from r3_env.world.build import WorldConfig, generate_world
 
 
@@ -134,7 +134,7 @@ def test_rejection_invalid_formats_best_of_n_failures_and_usage(world, tmp_path)
                 EnvConfig(),
                 teacher_config(server, retries=1),
                 RetrievalSource(config=world["retriever"]),
-                JudgeConfig(),
+                JudgeClientConfig(),
             )
         )
     samples = {row["id"]: row for row in read_rows(tmp_path / "out" / "samples.jsonl")}

@@ -16,6 +16,7 @@ import httpx
 import pytest
 from conftest import ROOT, SHARED_DATA, SHARED_DATASETS, run_r3rag, save_tiny_causal_lm, shared_dataset
 
+from r3_env.recipes import load_recipe
 from r3_env.train.metrics import read_metrics
 
 PPO_KEYS = (
@@ -232,7 +233,9 @@ def test_the_lws_recipe_trains_with_tags_the_staged_reward_and_group_advantages(
     assert "r3rag demo (tiny-random, lws recipe, quick, seed 0)" in result.stdout and "RC" in result.stdout
     config = json.loads((out / "train" / "config.json").read_text())
     assert config["policy"]["step_format"] == "tags" and config["reward"]["scheme"] == "lws"
-    assert config["reward"]["options"] == {"switch_step": 1} and Path(config["reward"]["query_encoder"]).is_dir()
+    recipe_options = load_recipe("lws").rollout_config().reward.options  # the recipe's, the demo's own schedule
+    assert config["reward"]["options"] == {**recipe_options, "switch_step": 1}
+    assert Path(config["reward"]["query_encoder"]).is_dir()
     assert (config["ppo"]["estimator"], config["ppo"]["eps_clip_high"], config["ppo"]["init_kl_coef"]) == (
         "group_norm",
         0.28,

@@ -28,7 +28,7 @@ from eval.run import EvalRunConfig, run_eval
 from eval.score import ScoreConfig, score_run
 from r3_env.data import iter_jsonl
 from r3_env.env import EnvConfig
-from r3_env.runs import JudgeConfig, RetrievalSource
+from r3_env.runs import JudgeClientConfig, RetrievalSource
 
 # -- metrics on hand-checked examples -----------------------------------------------------------------
 
@@ -123,7 +123,7 @@ def test_run_and_score_a_scripted_policy(eval_world, eval_tiny, tmp_path):
     manifest = json.loads((out / "run.json").read_text())
     assert manifest["method"] == "r3" and manifest["retriever"] == "bm25" and manifest["env"]["topk"] == 3
 
-    scores = asyncio.run(score_run(ScoreConfig(run=str(out)), JudgeConfig()))
+    scores = asyncio.run(score_run(ScoreConfig(run=str(out)), JudgeClientConfig()))
     cell = scores["datasets"]["world"]
     assert scores["cutoffs"] == [1, 2, 3, 4] and scores["judge"] is None
     assert cell["final"]["em"] == pytest.approx(1 / 3) and cell["final"]["acc"] is None
@@ -152,7 +152,7 @@ def test_baselines_share_the_harness(eval_world, eval_tiny, tmp_path):
         assert row["num_retrievals"] == (method == "naive_rag") and row["num_docs"] == (
             7 if method == "naive_rag" else 0
         )
-        scores = asyncio.run(score_run(ScoreConfig(run=str(out)), JudgeConfig()))
+        scores = asyncio.run(score_run(ScoreConfig(run=str(out)), JudgeClientConfig()))
         assert scores["average"]["final"]["em"] == 1.0
         assert (scores["average"]["final"]["recall"] is None) == (method == "direct")  # nothing retrieved: no metric
         assert json.loads((out / "run.json").read_text())["retriever"] == ("bm25" if method == "naive_rag" else "none")
@@ -262,7 +262,7 @@ def test_a_killed_run_resumes_without_duplicates_or_gaps(eval_world, eval_tiny, 
     process.wait()
     before = len(list(iter_jsonl(predictions)))
     assert 3 <= before < questions
-    partial = asyncio.run(score_run(ScoreConfig(run=str(out), cutoffs="1"), JudgeConfig()))
+    partial = asyncio.run(score_run(ScoreConfig(run=str(out), cutoffs="1"), JudgeClientConfig()))
     assert partial["datasets"]["world"]["missing"] == questions - before  # the killed run said what it was asked
     assert partial["datasets"]["world"]["questions"] == questions
     finished = subprocess.run(
@@ -271,7 +271,7 @@ def test_a_killed_run_resumes_without_duplicates_or_gaps(eval_world, eval_tiny, 
     assert finished.returncode == 0, finished.stderr[-2000:]
     assert f"{before:,} already done" in finished.stdout
     ids = [row["id"] for _, row in iter_jsonl(predictions)]
-    assert asyncio.run(score_run(ScoreConfig(run=str(out)), JudgeConfig()))["datasets"]["world"]["missing"] == 0
+    assert asyncio.run(score_run(ScoreConfig(run=str(out)), JudgeClientConfig()))["datasets"]["world"]["missing"] == 0
     expected = [f"world/{item.id}" for item in eval_world["items"][:questions]]
     assert len(ids) == len(set(ids)) == questions and set(ids) == set(expected)
 
@@ -289,13 +289,14 @@ def test_judge_acc_through_the_reward_server_is_cached(eval_world, eval_tiny, tm
     reward_yaml = tmp_path / "reward.yaml"
     reward_yaml.write_text(yaml.safe_dump({"judge": {"backend": "lexical"}}))
     with ServiceProcess(["reward", "serve", "--config", str(reward_yaml)]) as service:
-        scores = asyncio.run(score_run(ScoreConfig(run=str(out)), JudgeConfig(url=service.url)))
+        scores = asyncio.run(score_run(ScoreConfig(run=str(out)), JudgeClientConfig(url=service.url)))
     assert scores["judge"] == "lexical"
     final = scores["datasets"]["world"]["final"]
     assert final["acc"] == 0.5 and final["em"] == 0.0  # the long right answer is not an exact match
     judged = [row for _, row in iter_jsonl(out / "judgements.jsonl")]
     assert len(judged) == 2 and {row["method"] for row in judged} == {"match", "judge"}
-    again = asyncio.run(score_run(ScoreConfig(run=str(out), cutoffs="1"), JudgeConfig(url=service.url)))  # down now
+    judge = JudgeClientConfig(url=service.url)
+    again = asyncio.run(score_run(ScoreConfig(run=str(out), cutoffs="1"), judge))  # the service is down now
     assert again["datasets"]["world"]["final"]["acc"] == 0.5 and len(list(iter_jsonl(out / "judgements.jsonl"))) == 2
     (out / "judgements.jsonl").unlink()  # nothing cached and the judge down: a clear failure, nothing written
     result = run_r3rag("eval", "score", "--run", str(out), "--judge.url", service.url)
@@ -349,8 +350,8 @@ def test_a_sweep_runs_scores_and_reports_every_pair(eval_world, eval_tiny, tmp_p
     sweep = SweepConfig(retrievers=f"bm25={eval_world['retriever']},copy={second}", topk="1,2", max_steps=4)
     config = EvalRunConfig(data=str(eval_world["dev"]), out=str(tmp_path / "sweep"), max_questions=2)
     status = asyncio.run(
-        run_sweep(config, sweep, EnvConfig(), EngineConfig(model=str(eval_tiny)), GenerationConfig(), JudgeConfig(),
-                  engine=scripted_engine(eval_tiny, plans))
+        run_sweep(config, sweep, EnvConfig(), EngineConfig(model=str(eval_tiny)), GenerationConfig(),
+                  JudgeClientConfig(), engine=scripted_engine(eval_tiny, plans))
     )  # fmt: skip
     assert status == 0
     runs = sorted(p.name for p in (tmp_path / "sweep").iterdir() if (p / "scores.json").exists())

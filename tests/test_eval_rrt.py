@@ -27,7 +27,7 @@ from r3_env.retrieval import load_retriever
 from r3_env.retrieval.client import AsyncRetrievalClient
 from r3_env.retrieval.config import RetrieverConfig
 from r3_env.retrieval.metrics import retrieval_quality
-from r3_env.runs import JudgeConfig, RetrievalSource
+from r3_env.runs import JudgeClientConfig, RetrievalSource
 from r3_env.tree import Tree, tree_metrics
 
 FORMAT = get_format("multi_query")
@@ -293,7 +293,7 @@ def test_rrt_run_scores_and_reports_beside_single_shot(setting, eval_world, eval
         expected_shot[item.question] = metrics
 
     # -- scores: the scorer's recall, full recall and AP are the tree's own -----------------------------------
-    scores = asyncio.run(score_run(ScoreConfig(run=str(out)), JudgeConfig()))
+    scores = asyncio.run(score_run(ScoreConfig(run=str(out)), JudgeClientConfig()))
     assert scores["cutoffs"] == [1, 2, 3, 4, 5]  # the tree's iterations (L_MAX), not env.max_steps
     per_question = {row["id"]: row for _, row in iter_jsonl(out / "question_scores.jsonl")}
     for row in rows.values():

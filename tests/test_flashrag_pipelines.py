@@ -12,7 +12,7 @@ import asyncio
 
 import pytest
 
-from eval.engines import EngineConfig, GenerationConfig, OpenAIEngine, make_engine
+from eval.engines import EngineConfig, GenerationConfig, OpenAIChatEngine, make_chat_engine
 from eval.flashrag_pipelines import PIPELINES, flashrag_method
 from eval.methods import MethodContext, get_method
 from r3_env.env import EnvConfig
@@ -29,7 +29,7 @@ def context(eval_world, eval_tiny):
         queries.append(query)
         return (await asyncio.to_thread(retriever.search, [query], k))[0]
 
-    engine = make_engine(EngineConfig(model=str(eval_tiny), max_model_len=4096), GenerationConfig())
+    engine = make_chat_engine(EngineConfig(model=str(eval_tiny), max_model_len=4096), GenerationConfig())
     ctx = MethodContext(engine, EnvConfig(topk=3, max_steps=2, max_step_tokens=16), search)
     return ctx, queries, {p.id for p in retriever.docstore.passages()} if hasattr(retriever, "docstore") else None
 
@@ -68,7 +68,7 @@ def test_unknown_pipeline_and_endpoint_engine_are_refused(context, eval_world):
     with pytest.raises(ValueError, match="choose one of: flare, ircot, iter_retgen, selfask"):
         flashrag_method("nope")
     ctx, _, _ = context
-    endpoint = OpenAIEngine(
+    endpoint = OpenAIChatEngine(
         EngineConfig(kind="openai", model="m", base_url="http://127.0.0.1:9/v1"), GenerationConfig()
     )
     refused = MethodContext(endpoint, ctx.env, ctx.search)

@@ -123,9 +123,11 @@ def test_submit_to_checks_here_and_hands_the_set_variables_to_ray_job_submit():
     assert tail[0] == "env" and tail[-2:] == ["bash", "launch/ppo_r3.sh"]
     assert {"POLICY=ckpt/r3-cs", "NODES=4"} <= set(tail[1:-2])
     assert not any(word.startswith(("ACTOR_NODES=", "SAVE_DIR=")) for word in tail)  # defaults resolve there
-    # a wrapper's absolute config path inside the repository travels as the uploaded copy's relative path
+    # a wrapper's recipe travels with the job; an absolute path inside the repository as the uploaded copy's
     lws = dry_run("dapo_lws.sh", SUBMIT_TO="http://10.0.0.1:8265", NODES="4")
-    assert "AGENT_CONFIG=launch/configs/lws.yaml" in shlex.split(lws.stdout), lws.stderr
+    assert "RECIPE=lws" in shlex.split(lws.stdout), lws.stderr
+    lws = dry_run("dapo_lws.sh", SUBMIT_TO="http://10.0.0.1:8265", RECIPE=str(ROOT / "recipes" / "lws.yaml"))
+    assert "RECIPE=recipes/lws.yaml" in shlex.split(lws.stdout), lws.stderr
     bad = dry_run("ppo_r3.sh", SUBMIT_TO="http://10.0.0.1:8265", NODES="4", VLLM_ENGINES="3")
     assert bad.returncode == 2 and not bad.stdout  # the layout is checked before submitting
 

@@ -18,11 +18,11 @@ from test_openrlhf_plugin import launch_flags, openrlhf_args
 
 from r3_env.config import load_yaml
 from r3_env.protocol import get_format
+from r3_env.recipes import agent_config_from_environment, load_recipe
 from r3_env.rewards import get_scheme
-from r3_env.rollout import RolloutConfig
 
 SCRIPT = "dapo_lws.sh"
-CONFIG = ROOT / "launch" / "configs" / "lws.yaml"
+CONFIG = ROOT / "recipes" / "lws.yaml"
 
 
 def agent_overrides(variables: dict[str, str]) -> dict:
@@ -88,7 +88,7 @@ def test_the_agent_reads_the_schedule_and_clock_the_script_exports(monkeypatch):
     _, variables = launch_flags(SCRIPT, **env)
     monkeypatch.setenv("R3RAG_AGENT_CONFIG", variables["R3RAG_AGENT_CONFIG"])
     monkeypatch.setenv("R3RAG_AGENT_OVERRIDES", json.dumps(agent_overrides(variables)))
-    reward = RolloutConfig.from_environment().reward
+    reward = agent_config_from_environment().reward
     assert (reward.options["switch_step"], reward.options["beta"], reward.options["diversity"]) == (250, 0.5, True)
     assert (reward.episodes_per_step, reward.start_step) == (128, 120)
     assert (reward.query_encoder, reward.placement) == ("/models/qwen3-embedding", "scalar")
@@ -104,7 +104,7 @@ def test_kl_and_dynamic_filtering_can_be_turned_off(monkeypatch):
 
 def test_the_lws_config_is_a_rollout_config_of_the_tags_format_and_the_lws_scheme():
     """Needs the ``tags`` step format and the ``lws`` reward scheme in r3_env."""
-    config = RolloutConfig.from_dict(load_yaml(CONFIG), where=str(CONFIG))
+    config = load_recipe(CONFIG).rollout_config()
     assert (config.policy.step_format, config.reward.scheme, config.reward.placement) == ("tags", "lws", "scalar")
     assert config.env.max_steps == 5 and config.reward.options["beta"] == 0.3
     assert config.reward.query_encoder
@@ -129,7 +129,8 @@ def test_the_lws_config_is_a_rollout_config_of_the_tags_format_and_the_lws_schem
         ({"REWARD_OPTIONS": "[1]"}, "REWARD_OPTIONS"),
         ({"REWARD_OPTIONS": '{"diversity": false}', "SWITCH_STEP": "10"}, "REWARD_OPTIONS"),
         ({"PLACEMENT": "step"}, "PLACEMENT"),
-        ({"AGENT_CONFIG": "/nonexistent.yaml"}, "AGENT_CONFIG"),
+        ({"RECIPE": "/nonexistent.yaml"}, "RECIPE"),
+        ({"RECIPE": "frugal"}, "RECIPE"),
         (
             {"ROLLOUT_BATCH": "32", "VLLM_ENGINES": "3", "ACTOR_GPUS_PER_NODE": "3"},
             "ROLLOUT_BATCH (32) must divide by VLLM_ENGINES (3)",

@@ -2,7 +2,7 @@
 
 The script is launch/ppo_r3.sh with ALGO=dapo and the paper's settings (docs/recipes/r2ag.md#progressive-training);
 the driver (``r3rag r2ag train --trainer openrlhf``) calls it once per round with PROMPT_DATA, POLICY and
-SAVE_DIR set, and the agent reads launch/configs/r2ag.yaml through $R3RAG_AGENT_CONFIG.
+SAVE_DIR set, and the agent reads recipes/r2ag.yaml through $R3RAG_AGENT_CONFIG.
 """
 
 from __future__ import annotations
@@ -18,13 +18,12 @@ import pytest
 from conftest import ROOT
 from test_openrlhf_plugin import launch_flags, openrlhf_args
 
-from r3_env.config import load_yaml
 from r3_env.protocol import get_format
+from r3_env.recipes import agent_config_from_environment, load_recipe
 from r3_env.rewards import get_scheme
-from r3_env.rollout import RolloutConfig
 
 SCRIPT = "dapo_r2ag.sh"
-CONFIG = ROOT / "launch" / "configs" / "r2ag.yaml"
+CONFIG = ROOT / "recipes" / "r2ag.yaml"
 ROUND_DATA = "runs/r2ag/round2/prompts.jsonl"
 PREVIOUS = "runs/r2ag/round1/policy"
 
@@ -96,7 +95,7 @@ def test_the_filter_range_kl_and_filtering_can_be_changed(monkeypatch):
 
 def test_the_r2ag_config_is_a_one_step_multi_query_config_with_the_top_survivor_reward():
     """Needs the ``multi_query`` step format, ``policy.format_options`` and the ``top_survivor`` scheme."""
-    config = RolloutConfig.from_dict(load_yaml(CONFIG), where=str(CONFIG))
+    config = load_recipe(CONFIG).rollout_config()
     env, reward, policy = config.env, config.reward, config.policy
     assert (env.max_steps, env.topk, env.doc_chars, env.format_retries, env.max_step_tokens) == (1, 1, 512, 0, 4096)
     assert (reward.scheme, reward.placement) == ("top_survivor", "scalar")
@@ -123,7 +122,7 @@ def test_the_agent_reads_the_config_and_overrides_the_script_exports(monkeypatch
     _, variables = launch_flags(SCRIPT, PROMPT_DATA=ROUND_DATA, RETRIEVER_URL="http://retriever:8000")
     monkeypatch.setenv("R3RAG_AGENT_CONFIG", variables["R3RAG_AGENT_CONFIG"])
     monkeypatch.setenv("R3RAG_AGENT_OVERRIDES", json.dumps(agent_overrides(variables)))
-    config = RolloutConfig.from_environment()
+    config = agent_config_from_environment()
     assert (config.reward.scheme, config.reward.placement, config.env.max_steps) == ("top_survivor", "scalar", 1)
     assert config.services.retriever_url == "http://retriever:8000"
 
@@ -142,7 +141,7 @@ def test_the_agent_reads_the_config_and_overrides_the_script_exports(monkeypatch
         ({"DYNAMIC_FILTERING_RANGE": "0"}, "DYNAMIC_FILTERING_RANGE"),
         ({"DYNAMIC_FILTERING_RANGE": "low high"}, "DYNAMIC_FILTERING_RANGE"),
         ({"DYNAMIC_FILTERING_RANGE": "1 0"}, "DYNAMIC_FILTERING_RANGE"),
-        ({"AGENT_CONFIG": "/nonexistent.yaml"}, "AGENT_CONFIG"),
+        ({"RECIPE": "/nonexistent.yaml"}, "RECIPE"),
     ],
 )
 def test_bad_variables_exit_2_naming_the_variable(env, named):

@@ -37,7 +37,7 @@ openrlhf_cpu.enable()
 STANDINS = str(openrlhf_cpu.STANDINS)
 
 import r3_env.openrlhf as plugin  # noqa: E402
-from r3_env.hf_engine import HFEngine, SamplingParams  # noqa: E402
+from r3_env.engines import HFEngine, SamplingParams  # noqa: E402
 from r3_env.openrlhf import step_rewards  # noqa: E402
 from r3_env.openrlhf.step_rewards import SETUP_HOOK  # noqa: E402
 from r3_env.openrlhf.train import runtime_env  # noqa: E402
@@ -113,7 +113,7 @@ def test_install_registers_the_subclasses_in_openrlhf_modules():
 
 def test_step_placement_without_the_extension_is_refused(monkeypatch):
     from r3_env.openrlhf.agent import AgentExecutor
-    from r3_env.rollout import RolloutConfig
+    from r3_env.rollout_config import RolloutConfig
 
     monkeypatch.setattr(step_rewards, "_installed", False)
     with pytest.raises(RuntimeError, match="python -m r3_env.openrlhf.train"):
@@ -134,16 +134,17 @@ def test_a_ray_worker_runs_the_setup_hook_and_sees_the_agent_config(monkeypatch)
         import sys
 
         from r3_env.openrlhf import step_rewards as remote
-        from r3_env.rollout import RolloutConfig
+        from r3_env.recipes import agent_config_from_environment
 
         # the hook imported nothing (no DeepSpeed accelerator before Ray assigns a GPU) ...
         untouched = "openrlhf.trainer.ppo_trainer" not in sys.modules
         import openrlhf.trainer.ppo_trainer as trainer  # ... and patches the trainer when it is imported
 
         patched = trainer.SamplesGenerator is remote.StepRewardSamplesGenerator is not None
-        return remote.installed(), untouched, patched, RolloutConfig.from_environment().env.max_steps
+        return remote.installed(), untouched, patched, agent_config_from_environment().env.max_steps
 
-    ray.init(num_cpus=1, runtime_env=env, include_dashboard=False, log_to_driver=False)
+    # address local: a cluster of its own, never one a stale /tmp/ray/ray_current_cluster names
+    ray.init(address="local", num_cpus=1, runtime_env=env, include_dashboard=False, log_to_driver=False)
     try:
         assert ray.get(probe.remote(), timeout=120) == (True, True, True, 3)
     finally:
@@ -343,7 +344,7 @@ def test_launch_script_rejects_bad_variables():
     for env in (
         {"ALGO": "dpo"},
         {"PLACEMENT": "middle"},
-        {"AGENT_CONFIG": "/nonexistent.yaml"},
+        {"RECIPE": "/nonexistent.yaml"},
         {"PLACEMENT": "step", "ALGO": "grpo"},
     ):
         result = subprocess.run(

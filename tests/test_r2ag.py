@@ -4,24 +4,27 @@ index, and the progressive driver's rounds with the local trainer against the re
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import json
 import re
 
 import pytest
 import yaml
-from conftest import ROOT, ServiceProcess
+from conftest import ServiceProcess
 
 from r3_env.data import iter_corpus, iter_jsonl, read_dataset
 from r3_env.protocol import Step, get_format
+from r3_env.recipes import load_recipe
 from r3_env.retrieval import load_retriever
 from r3_env.retrieval.config import RetrieverConfig
 from r3_env.retrieval.index_builder import IndexBuildConfig, build_index
-from r3_env.rollout import ServicesConfig
-from r3_env.tree import Tree, TreeConfig, expand_tree, gold_documents, oracle_steerer, prune_to_gold, tree_metrics
+from r3_env.rollout_config import ServicesConfig
+from r3_env.tree import Tree, expand_tree, gold_documents, oracle_steerer, prune_to_gold, tree_metrics
 from r3_env.world.build import WorldConfig, generate_world
 
 FORMAT = get_format("multi_query")
+R2AG = load_recipe("r2ag")
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +58,7 @@ def plans(items) -> dict:
 def grow(world, item, steer, config=None, context=()):
     search = CountingSearch(world["retriever"])
     gold = item.metadata["supporting_passage_ids"]
-    config = config or TreeConfig()
+    config = config or R2AG.tree_config()
     tree = asyncio.run(expand_tree(item.question, steer, search, FORMAT, config, gold_ids=gold, context=context))
     return tree, search
 
@@ -89,7 +92,7 @@ def test_top_survivor_keeps_the_first_t_queries_in_the_order_written(world):
             return FORMAT.render_step(Step("Enough.", stop=True))
         return FORMAT.render_step(Step("Three queries.", queries=queries[:3], predicted=(queries[0], queries[1])))
 
-    tree, search = grow(world, item, steer, TreeConfig(survivors_base=2, survivors_predicted=1))
+    tree, search = grow(world, item, steer, R2AG.tree_config(survivors_base=2, survivors_predicted=1))
     children = [v for v in tree.vertices if v.depth == 1]
     assert [v.kind for v in children] == ["base", "base", "base", "predicted", "predicted"]
     assert [v.survived for v in children] == [True, True, False, True, False]
@@ -123,7 +126,7 @@ def test_pruning_keeps_the_gold_branches_and_the_next_context_is_exactly_the_gol
             return FORMAT.render_step(Step("Done.", stop=True))
         return FORMAT.render_step(Step("Both.", queries=(hops[0]["question"], distractor.title + " overview")))
 
-    tree, _ = grow(world, item, steer, TreeConfig(max_iterations=2))
+    tree, _ = grow(world, item, steer, R2AG.tree_config(max_iterations=2))
     kept = prune_to_gold(tree)
     assert kept[0] is tree.root
     for vertex in kept[1:]:  # each kept vertex found gold itself or lies above a vertex that did
@@ -134,7 +137,7 @@ def test_pruning_keeps_the_gold_branches_and_the_next_context_is_exactly_the_gol
     assert set(tree.gold_found()) <= set(item.metadata["supporting_passage_ids"])
     # a tree started from a context counts its gold as found and never re-reports it as new
     started = [world["passages"][hops[0]["passage_id"]], distractor]
-    tree2, _ = grow(world, item, steer, TreeConfig(max_iterations=1), context=started)
+    tree2, _ = grow(world, item, steer, R2AG.tree_config(max_iterations=1), context=started)
     assert hops[0]["passage_id"] in tree2.gold_found()
     assert all(hops[0]["passage_id"] not in v.new_gold for v in tree2.vertices)
     assert [p.id for p in gold_documents(tree2)][0] == hops[0]["passage_id"]
@@ -166,7 +169,7 @@ def test_the_progressive_driver_runs_two_rounds_and_carries_exactly_the_gold_fou
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with ServiceProcess(["retriever", "serve", "--config", str(world["root"] / "retriever.yaml")]) as retriever:
-        values = yaml.safe_load((ROOT / "launch" / "configs" / "r2ag.yaml").read_text())
+        values = copy.deepcopy(R2AG.agent)
         values.update(
             {
                 "seed": 5,
@@ -280,7 +283,7 @@ def test_the_openrlhf_trainer_gets_each_rounds_prompts_policy_and_folder(world, 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps(i.to_json()) + "\n" for i in items))
     with ServiceProcess(["retriever", "serve", "--config", str(world["root"] / "retriever.yaml")]) as retriever:
-        values = yaml.safe_load((ROOT / "launch" / "configs" / "r2ag.yaml").read_text())
+        values = copy.deepcopy(R2AG.agent)
         values.update({"device": "cpu", "model": {"policy": str(policy)}})
         values["env"]["max_step_tokens"] = 32
         values["services"] = {"retriever_url": retriever.url}
@@ -352,7 +355,7 @@ def test_branches_that_meet_go_on_from_their_joint_path_once(world):
         return FORMAT.render_step(Step("A and B first.", queries=(a.title, b.title)))
 
     search = CountingSearch(retriever)
-    tree = asyncio.run(expand_tree("q", steer, search, FORMAT, TreeConfig(), gold_ids=[a.id, b.id, c.id]))
+    tree = asyncio.run(expand_tree("q", steer, search, FORMAT, R2AG.tree_config(), gold_ids=[a.id, b.id, c.id]))
     assert tree.complete and tree_metrics(tree)["full_recall"] == 1.0
     level2 = [v for v in tree.vertices if v.depth == 2]
     assert len(level2) == 2 and sum(v.expanded for v in level2) == 1  # equal paths {A, B}: expanded once
@@ -363,7 +366,8 @@ def test_the_multi_query_format_is_refused_where_episodes_are_conversations_or_j
     from eval.run import EvalRunConfig
     from r3_env.coldstart.synth import SynthConfig
     from r3_env.config import ConfigError
-    from r3_env.rollout import RolloutConfig, RolloutContext
+    from r3_env.rollout_config import RolloutConfig
+    from r3_env.rollout_context import RolloutContext
 
     with pytest.raises(ValueError, match="--method rrt"):
         EvalRunConfig(data="d.jsonl", step_format="multi_query")

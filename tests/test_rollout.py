@@ -1,6 +1,6 @@
 """The episode, the rollout loop and the OpenRLHF agent, against real services on real ports.
 
-The engine is :class:`r3_env.hf_engine.HFEngine` over a tiny random Qwen2: it honours OpenRLHF's
+The engine is :class:`r3_env.engines.HFEngine` over a tiny random Qwen2: it honours OpenRLHF's
 ``llm_engine.generate(token_ids, sampling_params)`` contract. Scripted trajectories force its
 token choices (constrained decoding; every forward pass is real) so each outcome type is known.
 The retrieval service serves a BM25 index of a synthetic world; the reward server uses the
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -31,14 +30,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from r3_env.data import Passage
+from r3_env.engines import HFEngine, SamplingParams
 from r3_env.env import EnvConfig, RetrievalEnv, StepKind
-from r3_env.hf_engine import HFEngine, SamplingParams
 from r3_env.protocol import ChatRenderer, Step, get_format
+from r3_env.recipes import agent_config_from_environment, load_recipe
 from r3_env.retrieval.base import Hit
 from r3_env.retrieval.encoder import Encoder
 from r3_env.retrieval.index_builder import IndexBuildConfig, build_index
 from r3_env.rewards import is_concise
-from r3_env.rollout import RewardConfig, RolloutConfig, RolloutContext, ServicesConfig, run_episode
+from r3_env.rollout import run_episode
+from r3_env.rollout_config import EpisodeRewardConfig, RolloutConfig, ServicesConfig
+from r3_env.rollout_context import RolloutContext
 from r3_env.world.build import WorldConfig, generate_world
 
 # -- fixtures: a world, its BM25 service, the reward server, a tiny policy ----------------------------
@@ -162,7 +164,7 @@ def test_a_reasoning_models_think_block_gets_its_own_budget_and_is_not_part_of_t
     assert config.step_budget == 496 and EnvConfig().step_budget == 512
     env = RetrievalEnv(config, ChatRenderer(tokenizer), FixedSearch(), "Q?")
     run(env.step("<think>\nWhich film? I should look it up.\n</think>\n\n" + query_step("a", "q")))
-    assert env.steps[0].analysis == "a" and env.steps[0].query == "q"
+    assert env.steps[0].step.analysis == "a" and env.steps[0].step.query == "q"
     cut = RetrievalEnv(config, ChatRenderer(tokenizer), FixedSearch(), "Q?")  # the budget ran out while thinking
     assert run(cut.step("<think>\nStill thinking when", closed=False)).done and cut.format_error == "truncated"
     unclosed = RetrievalEnv(config, ChatRenderer(tokenizer), FixedSearch(), "Q?")  # it ended its turn inside one
@@ -193,7 +195,7 @@ def test_env_cuts_huge_queries_before_retrieval(tokenizer):
     env = RetrievalEnv(EnvConfig(max_query_chars=50), ChatRenderer(tokenizer), search, "Q?")
     run(env.step(query_step("a", "x" * 5000)))
     assert search.queries == ["x" * 50]
-    assert env.steps[0].query == "x" * 5000  # the record keeps what the policy wrote
+    assert env.steps[0].step.query == "x" * 5000  # the record keeps what the policy wrote
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -409,23 +411,23 @@ def test_rollout_config_reads_the_agent_environment_variables(tmp_path, monkeypa
     path.write_text(yaml.safe_dump({"env": {"max_steps": 3}, "reward": {"scheme": "outcome"}}))
     monkeypatch.setenv("R3RAG_AGENT_CONFIG", str(path))
     monkeypatch.setenv("R3RAG_AGENT_OVERRIDES", json.dumps({"services.reward_url": "http://judge:9", "env.topk": 3}))
-    loaded = RolloutConfig.from_environment()
+    loaded = agent_config_from_environment()
     assert (loaded.env.max_steps, loaded.env.topk, loaded.reward.scheme) == (3, 3, "outcome")
     assert loaded.services.reward_url == "http://judge:9"
     monkeypatch.setenv("R3RAG_AGENT_OVERRIDES", json.dumps({"env.max_stepz": 3}))
     with pytest.raises(ValueError, match="unknown key 'max_stepz'"):
-        RolloutConfig.from_environment()
+        agent_config_from_environment()
     monkeypatch.setenv("R3RAG_AGENT_OVERRIDES", "max_steps=3")
-    with pytest.raises(ValueError, match="JSON object of dotted keys"):
-        RolloutConfig.from_environment()
+    with pytest.raises(ValueError, match="R3RAG_AGENT_OVERRIDES .dotted keys. must be a JSON object"):
+        agent_config_from_environment()
 
 
 def test_lws_needs_its_clock_and_encoder_configured(tokenizer):
     with pytest.raises(ValueError, match="query_encoder"):
-        RolloutContext(RolloutConfig(reward=RewardConfig(scheme="lws")), tokenizer, search=FixedSearch())
+        RolloutContext(RolloutConfig(reward=EpisodeRewardConfig(scheme="lws")), tokenizer, search=FixedSearch())
     with pytest.raises(ValueError, match="episodes_per_step"):
         RolloutContext(
-            RolloutConfig(reward=RewardConfig(scheme="lws", options={"diversity": False})),
+            RolloutConfig(reward=EpisodeRewardConfig(scheme="lws", options={"diversity": False})),
             tokenizer,
             search=FixedSearch(),
         )
@@ -435,7 +437,7 @@ def test_lws_needs_its_clock_and_encoder_configured(tokenizer):
 # -- R2AG: multi_query expansion steps scored by top_survivor --------------------------------------------
 
 MQ = get_format("multi_query")
-R2AG_YAML = Path(__file__).resolve().parents[1] / "launch" / "configs" / "r2ag.yaml"
+R2AG = load_recipe("r2ag")
 GOLD_CONTEXT = Passage.from_title_text(
     "g1", "Hestolvale Tower", "Hestolvale Tower is a 1962 film directed by Marta Kell."
 )
@@ -477,10 +479,8 @@ def r2ag_label(question: str) -> str:
 
 
 def r2ag_config(**env) -> RolloutConfig:
-    """launch/configs/r2ag.yaml (format, limits, scheme and constants), with ``env`` overrides."""
-    values = yaml.safe_load(R2AG_YAML.read_text())
-    values["env"].update(env)
-    return RolloutConfig.from_dict(values, where=str(R2AG_YAML))
+    """recipes/r2ag.yaml (format, limits, scheme and constants), with ``env`` overrides."""
+    return R2AG.rollout_config({f"env.{name}": value for name, value in env.items()})
 
 
 async def run_r2ag(tokenizer, model, config: RolloutConfig, plans: dict) -> tuple[RolloutContext, MappedSearch, list]:

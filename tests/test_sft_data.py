@@ -20,14 +20,16 @@ from conftest import CHATML_TEMPLATE, ROOT, Script, make_tokenizer, run_r3rag, s
 from r3_env.coldstart.sft_data import SFTDataConfig, build_sft_data
 from r3_env.coldstart.synth import SynthConfig, synthesize
 from r3_env.coldstart.teacher import TeacherConfig
+from r3_env.engines import HFEngine, SamplingParams
 from r3_env.env import EnvConfig
-from r3_env.hf_engine import HFEngine, SamplingParams
 from r3_env.protocol import ChatRenderer, Step, get_format
 from r3_env.records import turns_of
 from r3_env.retrieval import load_retriever
 from r3_env.retrieval.client import AsyncInProcess
 from r3_env.retrieval.index_builder import IndexBuildConfig, build_index
-from r3_env.rollout import RolloutConfig, RolloutContext, run_episode
+from r3_env.rollout import run_episode
+from r3_env.rollout_config import RolloutConfig
+from r3_env.rollout_context import RolloutContext
 from r3_env.runs import RetrievalSource, retriever_config
 from r3_env.train import openrlhf_cpu
 from r3_env.world.build import WorldConfig, generate_world

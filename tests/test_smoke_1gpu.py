@@ -157,7 +157,7 @@ def test_the_dry_run_prints_ppo_r3_on_one_gpu_everything_colocated_through_openr
     assert args.ckpt.save_steps == 2 and args.ckpt.load_enable  # a checkpoint at the last step
     assert args.logger.tensorboard_dir == str(out / "ppo" / "tb")
     # the agent reaches this machine's services: the lexical judge's reward server and the retriever
-    assert variables["R3RAG_AGENT_CONFIG"] == str(ROOT / "launch" / "configs" / "r3.yaml")
+    assert variables["R3RAG_AGENT_CONFIG"] == str(ROOT / "recipes" / "r3.yaml")
     (overrides,) = shlex.split(variables["R3RAG_AGENT_OVERRIDES"])
     overrides = json.loads(overrides)
     assert overrides["services.reward_url"] == "http://127.0.0.1:28102"

@@ -21,14 +21,13 @@ from transformers import AutoModelForCausalLM
 from demo.services import VLLMServer
 from r3_env.config import ConfigError
 from r3_env.data import iter_corpus, read_dataset
-from r3_env.hf_engine import SamplingParams
+from r3_env.engines import SamplingParams, VLLMServerEngine, VLLMServerError
 from r3_env.protocol import ChatRenderer, Step, Turn
 from r3_env.retrieval.index_builder import IndexBuildConfig, build_index
-from r3_env.rollout import RolloutConfig
+from r3_env.rollout_config import RolloutConfig
 from r3_env.train.config import HealthConfig, ModelConfig, PPOConfig, RunConfig, SFTConfig
 from r3_env.train.model_factory import TinyModelConfig, build_tiny_policy
 from r3_env.train.models import load_tokenizer, save_policy
-from r3_env.vllm_client import VLLMServerEngine, VLLMServerError
 from r3_env.world.build import WorldConfig, generate_world
 
 TINY = TinyModelConfig(vocab_size=600, hidden_size=32, layers=1, heads=2, kv_heads=1, intermediate_size=64)
@@ -248,15 +247,24 @@ def test_one_ppo_iteration_of_a_real_instruct_model(world, smollm2_model, tmp_pa
         trainer.close()
 
 
-def test_critic_warmup_leaves_the_policy_alone(world, tmp_path):
-    trainer = make_trainer(world, tmp_path, critic_warmup=1, estimator="gae")
+@pytest.mark.parametrize(
+    ("settings", "check"),
+    [
+        ({"critic_warmup": 1, "estimator": "gae"}, lambda v: "policy_loss" not in v and math.isfinite(v["value_loss"])),
+        # scripted episodes repeat per question, so each question's two samples get the same reward
+        ({"filter_groups": True, "estimator": "reinforce"}, lambda v: v["trained_share"] == 0.0),
+    ],
+    ids=["critic_warmup", "uniform_groups_filtered"],
+)
+def test_an_iteration_that_must_not_train_the_actor_leaves_it_alone(world, tmp_path, settings, check):
+    trainer = make_trainer(world, tmp_path, **settings)
     try:
         trainer.load_prompts()
         trainer.items = world["items"][:2]
         trainer.engine.script = Script(trainer.tokenizer, {i.question: gold_plan(i) for i in trainer.items})
         before = [p.detach().clone() for p in trainer.actor.parameters()]
         values = trainer.step()
-        assert values["actor_trained"] == 0.0 and "policy_loss" not in values and math.isfinite(values["value_loss"])
+        assert values["episodes"] == 4 and values["actor_trained"] == 0.0 and check(values)
         assert all(torch.equal(a, b) for a, b in zip(before, trainer.actor.parameters(), strict=True))
     finally:
         trainer.close()
@@ -270,21 +278,6 @@ def test_group_filter_keeps_only_questions_whose_samples_differ():
     assert [r["n"] for r in differing_groups(responses, 4)] == [0, 1, 2, 3, 4, 5, 6, 7]
     with pytest.raises(ValueError, match="n_samples_per_prompt >= 2"):
         PPOConfig(filter_groups=True, n_samples_per_prompt=1)
-
-
-def test_a_batch_of_uniform_groups_is_filtered_out_and_leaves_the_policy_alone(world, tmp_path):
-    """Scripted episodes repeat per question, so each question's two samples get the same reward."""
-    trainer = make_trainer(world, tmp_path, filter_groups=True, estimator="reinforce")
-    try:
-        trainer.load_prompts()
-        trainer.items = world["items"][:2]
-        trainer.engine.script = Script(trainer.tokenizer, {i.question: gold_plan(i) for i in trainer.items})
-        before = [p.detach().clone() for p in trainer.actor.parameters()]
-        values = trainer.step()
-        assert values["episodes"] == 4 and values["trained_share"] == 0.0 and values["actor_trained"] == 0.0
-        assert all(torch.equal(a, b) for a, b in zip(before, trainer.actor.parameters(), strict=True))
-    finally:
-        trainer.close()
 
 
 def test_lora_trains_only_its_adapters_and_saves_a_merged_policy(world, tmp_path):

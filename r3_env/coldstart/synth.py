@@ -34,14 +34,14 @@ from r3_env.chat_client import ChatReply
 from r3_env.coldstart.teacher import Teacher, TeacherConfig, TeacherError, TeacherRequest, make_teacher
 from r3_env.data import JsonlWriter, existing_ids, iter_jsonl, write_jsonl
 from r3_env.env import EnvConfig, RetrievalEnv
+from r3_env.episode import Outcome, classify
 from r3_env.protocol import MessageRenderer, get_format
 from r3_env.records import episode_fields, play, turns_of
 from r3_env.retrieval.base import Hit
 from r3_env.retrieval.client import RetrievalServiceError
 from r3_env.reward_client import AsyncRewardClient, RewardServiceError, check_answer
-from r3_env.rewards import Outcome
 from r3_env.runs import (
-    JudgeConfig,
+    JudgeClientConfig,
     Question,
     RetrievalSource,
     check_manifest,
@@ -99,7 +99,7 @@ class SynthConfig:
 
 
 SECTIONS = [("", SynthConfig), ("env.", EnvConfig), ("teacher.", TeacherConfig), ("retrieval.", RetrievalSource)]
-SECTIONS += [("judge.", JudgeConfig)]
+SECTIONS += [("judge.", JudgeClientConfig)]
 
 
 def fingerprint(config: SynthConfig, env: EnvConfig, teacher: TeacherConfig) -> dict[str, Any]:
@@ -179,15 +179,12 @@ class Synthesizer:
             )
 
         usage = await play(env, self.renderer, write)
-        fields = episode_fields(env)
-        if "invalid" in fields:
-            outcome, verdict = Outcome.FORMAT_ERROR, None
-        elif env.answer is None:
-            outcome, verdict = Outcome.NO_ANSWER, None
-        else:
+        fields, verdict = episode_fields(env), None
+        if env.answer is not None:
             judge = self._judge.submit if self._judge is not None else None
             verdict = await check_answer(item.question, env.answer, item.golden_answers, judge)
-            outcome = Outcome.CORRECT if verdict.score >= 0.5 else Outcome.WRONG
+        last = env.steps[-1].step if env.steps else None
+        outcome = classify(env.format_error, last, correct=verdict is not None and verdict.score >= 0.5)
         return {
             "id": f"{question.key}#{index}",
             "question_id": item.id,
@@ -307,7 +304,7 @@ async def synthesize(
     env: EnvConfig,
     teacher_config: TeacherConfig,
     retrieval: RetrievalSource | None,
-    judge: JudgeConfig | None = None,
+    judge: JudgeClientConfig | None = None,
     retriever: Any = None,
     teacher: Teacher | None = None,
 ) -> tuple[dict[str, Any], RunStats]:

@@ -5,8 +5,8 @@ OpenRLHF builds ``AgentExecutor()`` with no arguments in each vLLM rollout actor
 :func:`r3_env.rollout.run_episode` per call: a step is generated, the environment retrieves or
 ends the episode, and the rewards of the configured scheme come back, one per action range.
 
-Configuration comes from ``$R3RAG_AGENT_CONFIG`` (YAML with ``env:``, ``reward:``, ``services:``,
-``policy:``) and ``$R3RAG_AGENT_OVERRIDES`` (JSON of dotted keys); ``launch/ppo_r3.sh`` sets both.
+Configuration comes from ``$R3RAG_AGENT_CONFIG`` (a recipe, recipes/<method>.yaml: its ``env:``, ``reward:``,
+``services:`` and ``policy:``) and ``$R3RAG_AGENT_OVERRIDES`` (JSON of dotted keys); ``launch/ppo_r3.sh`` sets both.
 With ``reward.placement: step`` (the default) each step's reward reaches the trainer at that
 step's last token, which needs ``r3_env.openrlhf.step_rewards`` installed in the trainer
 (``python -m r3_env.openrlhf.train`` does it); ``scalar`` gives OpenRLHF the episode's sum only.
@@ -22,7 +22,10 @@ from openrlhf.utils.agent import AgentExecutorBase
 from r3_env.data import Passage
 from r3_env.openrlhf import step_rewards
 from r3_env.protocol import Step, Turn
-from r3_env.rollout import RolloutConfig, RolloutContext, RolloutResult, run_episode
+from r3_env.recipes import agent_config_from_environment
+from r3_env.rollout import RolloutResult, run_episode
+from r3_env.rollout_config import RolloutConfig
+from r3_env.rollout_context import RolloutContext
 
 # Beside OpenRLHF's keys: the episode's question and queries as text, which ``extra_logs`` (scalars only, made
 # tensors by OpenRLHF) cannot carry. OpenRLHF ignores the key; r3rag's local trainer's health monitor reads it.
@@ -71,7 +74,7 @@ class AgentExecutor(AgentExecutorBase):
         clock: Callable[[], int] | None = None,
     ) -> None:
         """``search``, ``judge``: in-process stand-ins for the services; ``clock``: the trainer's step, where known."""
-        self.config = config or RolloutConfig.from_environment()
+        self.config = config or agent_config_from_environment()
         if self.config.reward.placement == "step" and not step_rewards.active():
             raise RuntimeError(
                 "reward.placement is 'step' but r3rag's per-step reward extension is not installed in this Ray "

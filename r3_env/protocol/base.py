@@ -10,7 +10,7 @@ import enum
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from r3_env.data import Passage
@@ -59,6 +59,38 @@ class Step:
         expands = bool(self.queries or self.predicted or self.stop)
         if (self.query is not None) + (self.answer is not None) + expands != 1:
             raise ValueError("a Step has exactly one of query=, answer=, or queries=/predicted=/stop=")
+
+    def to_json(self, every_field: bool = False) -> dict[str, Any]:
+        """The step as a record's row, in any format: the analysis, any reflection, and the action's fields.
+
+        ``every_field``: every field, unset ones included (the trajectory log's flat rows).
+        """
+        if every_field:
+            values = {f.name: getattr(self, f.name) for f in fields(self)}
+            return {**values, "queries": list(self.queries), "predicted": list(self.predicted)}
+        row: dict[str, Any] = {"analysis": self.analysis}
+        if self.reflection is not None:
+            row["reflection"] = self.reflection
+        if self.query is not None:
+            row["query"] = self.query
+        elif self.answer is not None:
+            row["answer"] = self.answer
+        else:
+            row.update(queries=list(self.queries), predicted=list(self.predicted), stop=self.stop)
+        return row
+
+    @classmethod
+    def from_json(cls, row: dict[str, Any]) -> Step:
+        """The step of :meth:`to_json`'s row; KeyError, TypeError or ValueError when it is malformed."""
+        return cls(
+            row["analysis"],
+            query=row.get("query"),
+            answer=row.get("answer"),
+            reflection=row.get("reflection"),
+            queries=row.get("queries") or (),
+            predicted=row.get("predicted") or (),
+            stop=bool(row.get("stop", False)),
+        )
 
     @property
     def searches(self) -> tuple[str, ...]:

@@ -1,7 +1,7 @@
 """The local trainer's settings: one YAML file (or dotted flags) with the agent's sections beside its own.
 
 ``env:``, ``reward:``, ``services:`` and ``policy:`` are the agent's sections
-(:class:`r3_env.rollout.RolloutConfig`, the same file ``launch/ppo_r3.sh`` gives the cluster run),
+(:class:`r3_env.rollout_config.RolloutConfig`, the same file ``launch/ppo_r3.sh`` gives the cluster run),
 so a recipe's environment and reward are written once. ``model:``, ``sft:`` and ``ppo:`` are the
 trainer's; their names and defaults follow OpenRLHF's flags where one exists (noted per field).
 ``health:`` sets when the PPO health monitor warns.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from r3_env.rollout import SECTIONS as ROLLOUT_SECTIONS
+from r3_env.rollout_config import SECTIONS as ROLLOUT_SECTIONS
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from r3_env.config import ConfigError, configs_from_values
-from r3_env.rollout import RolloutConfig
+from r3_env.rollout_config import RolloutConfig
 from r3_env.train.config import SECTIONS, HealthConfig, ModelConfig, PPOConfig, RunConfig, SFTConfig
 from r3_env.train.metrics import MetricsLog
 

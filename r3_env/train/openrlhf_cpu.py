@@ -11,7 +11,7 @@ OpenRLHF imports two CUDA-only packages at import time:
   ``vllm.SamplingParams``, ``vllm.inputs.TokensPrompt`` and ``vllm.utils.random_uuid``. vLLM's CPU
   build cannot share the main environment (it pins numba and fastapi below what bm25s and the
   services are tested with), so ``import_standins/vllm`` gives those names only: ``SamplingParams``
-  is r3rag's engine-neutral one (what :class:`r3_env.hf_engine.HFEngine` honours).
+  is r3rag's engine-neutral one (what :class:`r3_env.engines.HFEngine` honours).
 
 :func:`enable` appends the stand-ins' folder to the *end* of ``sys.path`` when either package is
 missing, so an installed flash-attn or vLLM always wins. The local trainer calls it; the tests

@@ -3,10 +3,10 @@
 One iteration:
 
 1. **Rollouts.** r3rag's :class:`~r3_env.openrlhf.agent.AgentExecutor` (the file OpenRLHF's vLLM
-   actors load) runs every episode against :class:`~r3_env.hf_engine.HFEngine`, which honours
+   actors load) runs every episode against :class:`~r3_env.engines.HFEngine`, which honours
    OpenRLHF's ``llm_engine.generate`` contract and shares the policy's weights, so no weight sync
    is needed. With ``ppo.vllm_url`` a vLLM server generates instead
-   (:class:`~r3_env.vllm_client.VLLMServerEngine`, the same contract): the actor is saved to
+   (:class:`~r3_env.engines.VLLMServerEngine`, the same contract): the actor is saved to
    ``ppo/rollout_policy`` and reloaded there before the first rollout of a run (or a resumed
    one) and before each that follows an actor update, as OpenRLHF broadcasts its weights to its
    vLLM engines. vLLM samples with its own generator, so unlike HF's (the checkpoint restores
@@ -53,8 +53,9 @@ from typing import Any
 import torch
 
 from r3_env.data import QAItem, read_dataset
-from r3_env.hf_engine import HFEngine, SamplingParams
-from r3_env.rollout import RolloutConfig
+from r3_env.engines import HFEngine, SamplingParams, TokenEngine
+from r3_env.episode import ROLLOUT_OUTCOMES
+from r3_env.rollout_config import RolloutConfig
 from r3_env.train import openrlhf_cpu
 from r3_env.train.config import HealthConfig, ModelConfig, PPOConfig, RunConfig
 from r3_env.train.health import HEALTH_FILE, HealthMonitor
@@ -76,7 +77,6 @@ from r3_env.train.models import (
 
 logger = logging.getLogger(__name__)
 
-OUTCOMES = ("correct", "wrong", "no_answer", "stopped", "format_error", "service_failure")
 BEST_FILE = "best.json"  # in ppo/best_policy: the iteration and dev reward of the policy kept there
 
 
@@ -174,9 +174,9 @@ class PPOTrainer:
         self.executor = AgentExecutor(rollout, search=search, judge=judge, clock=lambda: self.iteration)
         self.server_current = False  # the vLLM server holds the actor's weights
         if ppo.vllm_url:
-            from r3_env.vllm_client import VLLMServerEngine
+            from r3_env.engines import VLLMServerEngine
 
-            self.engine: Any = VLLMServerEngine(ppo.vllm_url)
+            self.engine: TokenEngine = VLLMServerEngine(ppo.vllm_url)
         else:
             self.engine = HFEngine(self.actor.model, self.tokenizer, max_batch=ppo.generate_batch)
         self.loop = asyncio.new_event_loop()
@@ -579,10 +579,9 @@ def _episode_stats(responses: Sequence[dict[str, Any]]) -> dict[str, float]:
     steps = [log["reward_step"] for log in logs if "reward_step" in log]
     if steps:  # the training step a staged reward scheme saw
         stats["reward_step"] = float(sum(steps)) / len(steps)
-    for outcome in OUTCOMES:
-        key = "service_failure" if outcome == "service_failure" else f"outcome_{outcome}"
-        count = sum(log.get(key, 0.0) for log in logs)
-        stats[outcome], stats[f"n_{outcome}"] = count / count_all, count
+    for outcome in ROLLOUT_OUTCOMES:
+        count = sum(log.get(outcome.log_key, 0.0) for log in logs)
+        stats[outcome.value], stats[f"n_{outcome.value}"] = count / count_all, count
     return stats
 
 

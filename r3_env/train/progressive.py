@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from r3_env.config import ConfigError, add_config_command, configs_from_args
 from r3_env.data import JsonlWriter, QAItem, existing_ids, iter_jsonl, read_dataset, read_label, write_dataset
+from r3_env.recipes import LAUNCH_SECTIONS
 from r3_env.tree import Steer, Tree, TreeConfig, gold_documents
 
 if TYPE_CHECKING:  # torch loads with the trainer, not with the CLI
@@ -116,7 +117,12 @@ class ProgressiveTrainer:
         if rollout.policy.step_format != "multi_query" or rollout.env.max_steps != 1:
             raise ConfigError(
                 "R2AG trains one expansion step per sample: set policy.step_format multi_query and env.max_steps 1 "
-                "(launch/configs/r2ag.yaml)"
+                "(recipes/r2ag.yaml)"
+            )
+        missing = [name for name in ("survivors_base", "survivors_predicted") if name not in rollout.reward.options]
+        if missing:
+            raise ConfigError(
+                f"reward.options lacks {', '.join(missing)}: the tree's Top-Survivor t (recipes/r2ag.yaml)"
             )
 
     def run(self) -> str:
@@ -242,8 +248,8 @@ class ProgressiveTrainer:
         tree_config = TreeConfig(
             topk=rollout.env.topk,
             max_iterations=1,
-            survivors_base=options.get("survivors_base", TreeConfig.survivors_base),
-            survivors_predicted=options.get("survivors_predicted", TreeConfig.survivors_predicted),
+            survivors_base=options["survivors_base"],
+            survivors_predicted=options["survivors_predicted"],
         )
         client = AsyncRetrievalClient(services.retriever_url, timeout=services.timeout_s, retries=services.retries)
         started, written = time.perf_counter(), 0
@@ -293,7 +299,7 @@ def load_steering(
 ) -> Steering:
     """``policy`` steering as the agent config (``settings.rollout``) renders its steps; ``script``: HFEngine's
     constrained decoding (benchmarks force known steps through the real model)."""
-    from r3_env.hf_engine import HFEngine, SamplingParams
+    from r3_env.engines import HFEngine, SamplingParams
     from r3_env.protocol import ChatRenderer, get_format
     from r3_env.train.models import load_actor, load_tokenizer, pick_device
     from r3_env.tree import token_steerer
@@ -332,7 +338,8 @@ def run_train(args: argparse.Namespace) -> int:
     from r3_env.train.config import SECTIONS
     from r3_env.train.local import LocalTrainConfig
 
-    config, *sections = configs_from_args(args, [("r2ag.", ProgressiveConfig), *SECTIONS])
+    # --config is a recipe (recipes/r2ag.yaml): its algo and tree sections are the cluster's and evaluation's
+    config, *sections = configs_from_args(args, [("r2ag.", ProgressiveConfig), *SECTIONS], ignored=LAUNCH_SECTIONS)
     policy = ProgressiveTrainer(config, LocalTrainConfig.from_sections(*sections)).run()
     print(f"policy: {policy}")
     print(f"rounds: {config.out}/round*/done.json")

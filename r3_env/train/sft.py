@@ -26,7 +26,7 @@ import torch
 from tqdm import tqdm
 
 from r3_env.protocol import ChatRenderer
-from r3_env.rollout import RolloutConfig
+from r3_env.rollout_config import RolloutConfig
 from r3_env.train import openrlhf_cpu
 from r3_env.train.config import ModelConfig, RunConfig, SFTConfig
 from r3_env.train.metrics import MetricsLog

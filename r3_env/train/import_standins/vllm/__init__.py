@@ -3,6 +3,6 @@
 ``SamplingParams`` is r3rag's engine-neutral one (the fields the HF engine honours).
 """
 
-from r3_env.hf_engine import SamplingParams  # noqa: F401
+from r3_env.engines import SamplingParams  # noqa: F401
 
 __version__ = "0.0.0+r3rag-standin"

@@ -1,4 +1,4 @@
-"""Rollouts from a vLLM server, behind the same ``generate`` contract as :class:`~r3_env.hf_engine.HFEngine`.
+"""Rollouts from a vLLM server, behind the :class:`~r3_env.engines.base.TokenEngine` contract.
 
 vLLM pins its own torch, so it lives in an env of its own (``bash scripts/setup_vllm.sh``) and the
 local PPO trainer reaches it over HTTP, as the agent reaches retrieval and the judge:
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from r3_env.hf_engine import CompletionOutput, Logprob, RequestOutput
+from r3_env.engines.base import CompletionOutput, Logprob, RequestOutput
 from r3_env.http_retry import AsyncHTTP, RequestFailed, RetryPolicy, asend_with_retries
 
 DEV_MODE_HINT = "start the vLLM server with VLLM_SERVER_DEV_MODE=1 (it serves /collective_rpc only then)"

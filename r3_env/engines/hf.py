@@ -1,4 +1,4 @@
-"""A CPU generation engine on HF transformers that honours vLLM's (and OpenRLHF's) ``generate`` contract.
+"""A CPU generation engine on HF transformers behind the :class:`~r3_env.engines.base.TokenEngine` contract.
 
 ``await engine.generate(prompt_token_ids, sampling_params)`` returns an object shaped like vLLM's
 ``RequestOutput``: ``.outputs[0]`` has ``token_ids``, ``text``, ``finish_reason`` ("stop" or
@@ -17,46 +17,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from r3_env.engines.base import CompletionOutput, Logprob, RequestOutput
 
 logger = logging.getLogger(__name__)
 
 Script = Callable[[Sequence[int]], "Sequence[int] | None"]
-
-
-@dataclass
-class SamplingParams:
-    """The fields of ``vllm.SamplingParams`` this engine reads (for callers without vLLM)."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_tokens: int | None = 16
-    min_tokens: int = 0
-    stop_token_ids: list[int] = field(default_factory=list)
-    logprobs: int | None = None
-    skip_special_tokens: bool = False
-    seed: int | None = None
-
-
-@dataclass(frozen=True)
-class Logprob:
-    logprob: float
-
-
-@dataclass
-class CompletionOutput:
-    token_ids: list[int]
-    text: str
-    finish_reason: str
-    logprobs: list[dict[int, Logprob]] | None = None
-
-
-@dataclass
-class RequestOutput:
-    prompt_token_ids: list[int]
-    outputs: list[CompletionOutput]
 
 
 @dataclass

@@ -1,0 +1,182 @@
+"""recipes/<method>.yaml: one file per method, and the demo, the launch scripts, evaluation and the progressive
+driver all read their settings from it (r3_env/recipes.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+from test_openrlhf_plugin import launch_flags
+
+from r3_env.config import ConfigError, configs_from_args
+from r3_env.recipes import LAUNCH_SECTIONS, METHODS, agent_config_from_environment, load_recipe, main
+
+# each recipe's launch script, and the variables it needs besides the recipe's
+LAUNCH = {"r3": ("ppo_r3.sh", {}), "lws": ("dapo_lws.sh", {}), "r2ag": ("dapo_r2ag.sh", {"PROMPT_DATA": "p.jsonl"})}
+ESTIMATORS = {"ppo": "gae", "grpo": "group_norm", "reinforce++": "reinforce_baseline", "dapo": "group_norm"}
+
+
+def flag_values(flags: list[str]) -> dict[str, list[str]]:
+    """``--name value ...`` -> {name: [values]} (a switch maps to [])."""
+    values: dict[str, list[str]] = {}
+    name = ""
+    for word in flags:
+        if word.startswith("--"):
+            name = word[2:]
+            values[name] = []
+        else:
+            values[name].append(word)
+    return values
+
+
+def test_every_method_has_a_recipe_that_loads():
+    assert sorted(path.stem for path in (ROOT / "recipes").glob("*.yaml")) == sorted(METHODS)
+    for name in METHODS:
+        recipe = load_recipe(name)
+        assert recipe.path == ROOT / "recipes" / f"{name}.yaml" and recipe.name == name
+        assert load_recipe(recipe.path) == recipe  # by name or by path
+        assert recipe.algo.name in ESTIMATORS and recipe.algo.model and recipe.algo.rollout_batch
+    assert (load_recipe("r2ag").tree is None, load_recipe("r3").tree, load_recipe("lws").tree) == (False, None, None)
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_the_launch_dry_run_runs_the_recipe(name, monkeypatch):
+    recipe = load_recipe(name)
+    script, env = LAUNCH[name]
+    flags, variables = launch_flags(script, **env)
+    values = flag_values(flags)
+    algo = recipe.algo
+    assert variables["R3RAG_AGENT_CONFIG"] == str(recipe.path)
+    assert values["algo.advantage.estimator"] == [ESTIMATORS[algo.name]]
+    assert values["actor.model_name_or_path"] == [algo.model]
+    assert values["rollout.batch_size"] == values["train.batch_size"] == [str(algo.rollout_batch)]
+    assert float(values["actor.adam.lr"][0]) == algo.actor_lr
+    assert values["data.max_len"] == [str(algo.max_len)] and values["train.num_episodes"] == [str(algo.episodes)]
+    if algo.samples_per_prompt:
+        assert values["rollout.n_samples_per_prompt"] == [str(algo.samples_per_prompt)]
+    if algo.steps:
+        assert values["data.max_samples"] == [str(algo.steps * algo.rollout_batch // algo.episodes)]
+    if algo.top_p:
+        assert float(values["rollout.top_p"][0]) == algo.top_p
+    if algo.label_key:
+        assert values["data.label_key"] == [algo.label_key]
+    if algo.dynamic_filtering_range:
+        assert values["algo.dynamic_filtering_range"] == algo.dynamic_filtering_range.split()
+    assert values["ckpt.output_dir"][0].startswith(f"checkpoints/{name}-")
+    # the agent in every rollout actor reads the recipe, with the script's overrides over it
+    (overrides,) = shlex.split(variables["R3RAG_AGENT_OVERRIDES"])
+    monkeypatch.setenv("R3RAG_AGENT_CONFIG", variables["R3RAG_AGENT_CONFIG"])
+    monkeypatch.setenv("R3RAG_AGENT_OVERRIDES", overrides)
+    agent, written = agent_config_from_environment(), recipe.rollout_config()
+    assert (agent.env, agent.policy) == (written.env, written.policy)
+    assert (agent.reward.scheme, agent.reward.options, agent.reward.placement) == (
+        written.reward.scheme,
+        written.reward.options,
+        written.reward.placement,
+    )
+
+
+@pytest.mark.parametrize("name", ["r3", "lws"])
+def test_the_demo_trains_the_recipe(name, tmp_path):
+    from demo.run import METHODS as DEMO_METHODS
+    from demo.run import Demo, DemoConfig
+
+    recipe = load_recipe(name).rollout_config()
+    method = DEMO_METHODS[name]
+    assert method.step_format == recipe.policy.step_format
+    demo = Demo(DemoConfig(out=str(tmp_path / "demo"), recipe=name, quick=True))
+    settings = demo.train_config(tmp_path / "policy", "", tmp_path / "prompts.jsonl", "http://r", "http://j")
+    assert settings.rollout.policy.step_format == recipe.policy.step_format
+    reward = settings.rollout.reward
+    assert (reward.scheme, reward.placement) == (recipe.reward.scheme, recipe.reward.placement)
+    # the demo's own schedule (stage 2 half-way through its few iterations) over the recipe's other options
+    switch = method.switch_at(demo.budget.ppo_iterations)
+    assert reward.options == {**recipe.reward.options, **({} if switch is None else {"switch_step": switch})}
+    estimator = ESTIMATORS[load_recipe(name).algo.name]
+    assert settings.ppo.estimator == estimator
+
+
+def test_evaluation_defaults_to_r2ags_recipe():
+    from eval.methods import get_method
+    from eval.run import EvalRunConfig
+
+    recipe = load_recipe("r2ag")
+    tree, limits = recipe.tree_config(), recipe.rollout_config().policy.format_options
+    config = EvalRunConfig(data="x.jsonl", method="rrt")
+    assert (config.rrt_topk, config.rrt_iterations) == (recipe.tree.topk, recipe.tree.iterations)
+    survivors = (config.rrt_survivors_base, config.rrt_survivors_predicted)
+    assert survivors == (tree.survivors_base, tree.survivors_predicted)
+    assert (config.rrt_max_base, config.rrt_max_predicted) == (limits["max_base"], limits["max_predicted"])
+    for method in (get_method("rrt", config), get_method("rrt", None)):
+        settings = method.settings()["tree"]
+        assert (settings["topk"], settings["max_iterations"]) == (tree.topk, tree.max_iterations)
+        assert (settings["survivors_base"], settings["max_base"]) == (tree.survivors_base, limits["max_base"])
+
+
+def test_the_progressive_driver_reads_the_recipe():
+    from r3_env.train.config import SECTIONS
+    from r3_env.train.local import LocalTrainConfig
+    from r3_env.train.progressive import ProgressiveConfig, ProgressiveTrainer
+
+    recipe = load_recipe("r2ag")
+    args = argparse.Namespace(config=str(recipe.path))
+    setattr(args, "model.policy", "policy0")  # r3rag r2ag train --config recipes/r2ag.yaml --model.policy policy0
+    sections = [("r2ag.", ProgressiveConfig), *SECTIONS]
+    _, *values = configs_from_args(args, sections, ignored=LAUNCH_SECTIONS)
+    settings = LocalTrainConfig.from_sections(*values)
+    assert settings.rollout == recipe.rollout_config()
+    ProgressiveTrainer(ProgressiveConfig(prompts="p.jsonl"), settings)  # a one-step multi_query recipe
+
+
+def test_bad_recipes_name_the_file_and_the_key(tmp_path, capsys):
+    with pytest.raises(ConfigError, match="no recipe named 'frugal'.*known: lws, r2ag, r3"):
+        load_recipe("frugal")
+    bad = tmp_path / "bad.yaml"
+    for text, message in [
+        ("envs: {}\n", "unknown section 'envs'"),
+        ("algo: {name: sac}\n", r"\(algo\): name must be one of"),
+        ("algo: {batch: 3}\n", r"\(algo\): unknown key 'batch'"),
+        ("env: {topk: -1}\n", r"\(env\)"),
+        ("tree: {topk: 1}\n", r"\(tree\)"),
+    ]:
+        bad.write_text(text)
+        with pytest.raises(ConfigError, match=message) as caught:
+            load_recipe(bad)
+        assert str(bad) in str(caught.value)
+    assert main(["get", str(bad), "env.topk"]) == 2 and str(bad) in capsys.readouterr().err
+
+
+def test_the_launch_helper_prints_settings_for_the_shell():
+    run = [sys.executable, "-m", "r3_env.recipes"]
+    shell = subprocess.run([*run, "shell", "r2ag"], capture_output=True, text=True, check=True).stdout
+    lines = dict(line.split("=", 1) for line in shell.splitlines())
+    assert lines["recipe_ALGO"] == "dapo" and shlex.split(lines["recipe_DYNAMIC_FILTERING_RANGE"]) == ["0 inf"]
+    options = subprocess.run(
+        [*run, "reward-options", "lws", '{"beta": 0.5}'], capture_output=True, text=True, check=True
+    ).stdout
+    assert json.loads(options) == {**load_recipe("lws").rollout_config().reward.options, "beta": 0.5}
+    bad = subprocess.run([*run, "reward-options", "lws", "[1]"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "REWARD_OPTIONS" in bad.stderr
+    staged = subprocess.run(
+        [*run, "staged"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "R3RAG_AGENT_CONFIG": str(ROOT / "recipes" / "lws.yaml")},
+    )
+    assert staged.stdout.strip() == "1"
+
+
+def test_the_launch_scripts_hold_no_recipe_setting():
+    """The RL scripts map variables to flags; a recipe's model or file written in one is a second copy."""
+    settings = {f"configs/{name}.yaml" for name in METHODS} | {load_recipe(name).algo.model for name in METHODS}
+    for script in [ROOT / "launch" / "ppo_r3.sh", *(ROOT / "launch").glob("dapo_*.sh"), ROOT / "launch" / "grpo_r3.sh"]:
+        code = [line for line in script.read_text().splitlines() if not line.lstrip().startswith("#")]
+        for line in code:
+            assert not any(setting in line for setting in settings), f"{script.name}: {line}"
+            assert "configs/" not in line or "reward_cpu" in line, f"{script.name}: {line}"
