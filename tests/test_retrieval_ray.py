@@ -77,7 +77,8 @@ def dense_config(built, index_path, **extra) -> RetrieverConfig:
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
+    # address local: a cluster of its own, never one a stale /tmp/ray/ray_current_cluster names
+    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
     yield
     serve.shutdown()
     ray.shutdown()

@@ -32,7 +32,6 @@ the trainer's checkpoint.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from r3_env.data import JsonlWriter
+from r3_env.train.metrics import read_latest_rows
 
 if TYPE_CHECKING:  # the config module imports the agent's sections; the report reads this module without them
     from r3_env.train.config import HealthConfig
@@ -214,18 +214,7 @@ def _number(value: Any) -> float | None:
 
 def read_health(path: Path) -> list[dict[str, Any]]:
     """``health.jsonl``'s lines in iteration order, the last line of each iteration winning (a resumed run's)."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / HEALTH_FILE
-    latest: dict[int, dict[str, Any]] = {}
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:  # a line cut by a killed run
-                continue
-            latest[row["iteration"]] = row
-    return [latest[key] for key in sorted(latest)]
+    return read_latest_rows(path, HEALTH_FILE, lambda row: row["iteration"])
 
 
 def read_warnings(path: Path) -> list[dict[str, Any]]:

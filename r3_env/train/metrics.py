@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,17 +43,25 @@ class MetricsLog:
             self._board.close()
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The logged rows in step order per stage, the last line of each ``(stage, step)`` winning."""
+def read_latest_rows(path: Path, file_name: str, key: Callable[[dict[str, Any]], Any]) -> list[dict[str, Any]]:
+    """An append-only JSONL log's rows sorted by ``key``, the last line of each key winning (a resumed run's).
+
+    ``path`` is the file, or the folder holding ``file_name``; a missing file has no rows.
+    """
     path = Path(path)
     if path.is_dir():
-        path = path / METRICS_FILE
-    latest: dict[tuple[str, int], dict[str, Any]] = {}
+        path = path / file_name
+    latest: dict[Any, dict[str, Any]] = {}
     if path.is_file():
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
                 row = json.loads(line)
             except ValueError:  # a line cut by a killed run
                 continue
-            latest[(row["stage"], row["step"])] = row
-    return [latest[key] for key in sorted(latest)]
+            latest[key(row)] = row
+    return [latest[k] for k in sorted(latest)]
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The logged rows in step order per stage, the last line of each ``(stage, step)`` winning."""
+    return read_latest_rows(path, METRICS_FILE, lambda row: (row["stage"], row["step"]))
