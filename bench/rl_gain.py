@@ -1,0 +1,631 @@
+"""What does RL add to a finished SFT policy? RL arms against SFT on the same questions, with paired bootstrap CIs.
+
+    python bench/rl_gain.py --demo DEMO_OUT [--arms sft,sft_more,rl_process,rl_outcome,rft] [--seeds 0,1,2]
+        [--episodes 256] [--dev_questions 200] [--set KEY=VALUE ...] [--eval_engine vllm]
+        [--rollout_engine vllm] [--sft_more_seconds S] [--resamples 2000] [--out DEMO_OUT/rl_gain]
+
+DEMO_OUT is a finished ``r3rag demo`` folder (the synthetic world, or real questions with ``--data``);
+its SFT policy is every arm's start. The arms:
+
+- ``sft``: the start itself (evaluated once: greedy decoding has no seed);
+- ``sft_more``: SFT continued on the demo's cold-start SFT data for the wall time the RL arms took at
+  the same seed (their mean, read from their saved timings; ``--sft_more_seconds`` sets it): as many
+  epochs as fit in it at the demo's own SFT speed, or under one epoch's time one epoch over that share
+  of the examples (the compute control; its own wall time is reported beside the RL arms');
+- ``rl_process``: PPO with the R3 reward (``reward.scheme r3``: per-step relevance, outcome-scaled);
+- ``rl_outcome``: PPO with the outcome reward (``reward.scheme outcome``), everything else equal;
+- ``rft``: rejection-sampling fine-tuning (expert iteration): the start samples the same number of
+  episodes on train questions (the demo's samples per question, temperature ``--rft_temperature``),
+  the correct ones (the reward server's verdict) become SFT data (Algorithm 2) and the start is
+  fine-tuned on them for the demo's SFT epochs.
+
+Every RL arm samples the same ``--episodes``: PPO runs ceil(episodes / (rollout_batch_size x
+n_samples_per_prompt)) iterations of the demo's batch; ``rft`` samples ceil(episodes / n_samples)
+questions n_samples times. ``--set`` (dotted ``r3rag train local`` keys, as bench/ppo_ablation.py's)
+applies to every arm that trains.
+
+Each arm is evaluated greedy through the demo's evaluation (``--eval_engine``) on the same
+questions: the first ``--dev_questions`` of the world's dev set (200 by default), or every question of
+the real-data eval split. Per question: EM, F1, Full-Recall, documents read, answered, format error.
+The table gives each arm's means per dataset and per question type (each question's score averaged
+over the arm's seeds first), each arm minus ``sft`` with a paired bootstrap 95% CI over the questions,
+and single-shot BM25 at the same documents as a row: the question as the one query, top-K with K the
+``rl_process`` arm's mean documents read per dataset (``sft``'s without it), retrieval only on the
+world (Full-Recall), read by the demo's untrained model on real questions (naive RAG, as
+bench/real_data_learning.py does).
+
+Each (arm, seed) trains into OUT/ARM/seedS/train (a rerun resumes) and keeps its per-question scores in
+OUT/ARM/seedS/result.json, so seeds can run in separate invocations and the table is rebuilt from every
+result there. The table is printed (markdown) and written to OUT/rl_gain.md and OUT/rl_gain.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import logging
+import math
+import random
+import shutil
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ppo_ablation import parse_settings  # noqa: E402
+
+from demo.run import Demo  # noqa: E402
+from r3_env.config import ConfigError  # noqa: E402
+
+logger = logging.getLogger("rl_gain")
+
+ARMS = ("sft", "sft_more", "rl_process", "rl_outcome", "rft")
+RL_SCHEMES = {"rl_process": "r3", "rl_outcome": "outcome"}
+METRICS = ("em", "f1", "full_recall", "docs", "answered", "format_error")
+# shown with their CI in the markdown table (rl_gain.json has every metric's)
+CI_METRICS = ("em", "f1", "full_recall")
+RATES = ("em", "f1", "full_recall", "answered", "format_error")  # shown in %
+LABELS = {"em": "EM", "f1": "F1", "full_recall": "Full-Recall", "docs": "docs", "answered": "answered",
+          "format_error": "format err"}  # fmt: skip
+RESULT = "result.json"
+BM25 = "bm25"
+
+
+# -- statistics ---------------------------------------------------------------------------------
+
+
+def paired_bootstrap(
+    arm: Sequence[float], base: Sequence[float], resamples: int = 2000, seed: int = 0
+) -> dict[str, float]:
+    """The mean of ``arm - base`` over paired questions and its bootstrap 95% CI (percentiles of the mean
+    difference over ``resamples`` resamples of the questions, with replacement, from a fixed seed)."""
+    import numpy as np
+
+    if len(arm) != len(base):
+        raise ValueError(f"paired samples differ in length: {len(arm)} and {len(base)}")
+    if not len(arm):
+        return {"mean": float("nan"), "lo": float("nan"), "hi": float("nan"), "n": 0}
+    diff = np.asarray(arm, dtype=float) - np.asarray(base, dtype=float)
+    picks = np.random.default_rng(seed).integers(0, len(diff), size=(resamples, len(diff)))
+    means = diff[picks].mean(axis=1)
+    mean = float(diff.mean())
+    lo, hi = (float(v) for v in np.percentile(means, [2.5, 97.5]))
+    # the percentiles of a constant are that constant up to rounding: keep lo <= mean <= hi exact
+    return {"mean": mean, "lo": min(lo, mean), "hi": max(hi, mean), "n": len(diff)}
+
+
+def seed_mean(per_seed: Sequence[dict[str, dict[str, Any]]], key: str, metric: str) -> float | None:
+    """One question's score averaged over an arm's seeds (None when no seed has it)."""
+    values = [rows[key][metric] for rows in per_seed if key in rows and rows[key].get(metric) is not None]
+    return statistics.fmean(values) if values else None
+
+
+def build_table(
+    arms: dict[str, list[dict[str, dict[str, Any]]]],
+    questions: dict[str, dict[str, str]],
+    resamples: int = 2000,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """The table's rows: per group of questions (each dataset, each dataset's question types, all of them when
+    there are several datasets) and per arm, the means and the paired differences to ``sft``.
+
+    ``arms``: arm -> its seeds' per-question scores (question key -> metric -> value); ``questions``:
+    question key -> {"dataset", "type"}, the questions every arm is compared on.
+    """
+    groups: dict[str, list[str]] = defaultdict(list)
+    datasets = sorted({info["dataset"] for info in questions.values()})
+    for key, info in questions.items():
+        groups[info["dataset"]].append(key)
+        groups[f"{info['dataset']} / {info['type']}"].append(key)
+    if len(datasets) > 1:
+        groups["all"] = list(questions)
+    order = ["all"] if len(datasets) > 1 else []
+    for name in datasets:
+        order.append(name)
+        types = sorted(g for g in groups if g.startswith(f"{name} / "))
+        order += types if len(types) > 1 else []
+    base = arms.get("sft")
+    rows = []
+    for group in order:
+        keys = groups[group]
+        for arm, per_seed in arms.items():
+            row: dict[str, Any] = {"group": group, "arm": arm, "seeds": len(per_seed), "mean": {}, "diff": {}}
+            row["questions"] = sum(any(key in rows for rows in per_seed) for key in keys)
+            for metric in METRICS:
+                mine = {key: seed_mean(per_seed, key, metric) for key in keys}
+                values = [v for v in mine.values() if v is not None]
+                row["mean"][metric] = statistics.fmean(values) if values else None
+                if base is None:
+                    continue
+                theirs = {key: seed_mean(base, key, metric) for key in keys}
+                paired = [key for key in keys if mine[key] is not None and theirs[key] is not None]
+                if paired:
+                    row["diff"][metric] = paired_bootstrap(
+                        [mine[key] for key in paired], [theirs[key] for key in paired], resamples, seed
+                    )
+            rows.append(row)
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]], note: str = "") -> str:
+    """The rows as markdown, one table per group of questions."""
+
+    def cell(value: float | None, metric: str) -> str:
+        if value is None:
+            return "-"
+        return f"{100 * value:.1f}" if metric in RATES else f"{value:.2f}"
+
+    def ci(diff: dict[str, float] | None, metric: str) -> str:
+        if not diff:
+            return "-"
+        scale, digits = (100, 1) if metric in RATES else (1, 2)
+        mean, lo, hi = (f"{scale * diff[key]:+.{digits}f}" for key in ("mean", "lo", "hi"))
+        return f"{mean} [{lo}, {hi}]"
+
+    header = ["arm", "seeds", "questions"]
+    for metric in METRICS:
+        header.append(LABELS[metric] + (" %" if metric in RATES else ""))
+        if metric in CI_METRICS:
+            header.append(f"Δ{LABELS[metric]} vs sft [95% CI]")
+    lines = []
+    for group in dict.fromkeys(row["group"] for row in rows):
+        lines += [f"\n### {group}\n", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for row in (r for r in rows if r["group"] == group):
+            cells = [row["arm"], str(row["seeds"]), str(row["questions"])]
+            for metric in METRICS:
+                cells.append(cell(row["mean"][metric], metric))
+                if metric in CI_METRICS:
+                    cells.append(ci(row["diff"].get(metric), metric))
+            lines.append("| " + " | ".join(cells) + " |")
+    if note:
+        lines += ["", note]
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+# -- per-question scores ------------------------------------------------------------------------
+
+
+def question_key(dataset: str, question_id: str) -> str:
+    return f"{dataset}/{question_id}"
+
+
+def question_set(data: str, max_questions: int) -> dict[str, dict[str, str]]:
+    """The compared questions (the first ``max_questions`` of each dataset, 0: all): key -> dataset and type."""
+    from r3_env.runs import dataset_paths, load_questions
+
+    return {
+        question_key(q.dataset, q.item.id): {"dataset": q.dataset, "type": str(q.item.metadata.get("type") or "-")}
+        for q in load_questions(dataset_paths(data), max_questions)
+    }
+
+
+def question_scores(run: Path, questions: dict[str, dict[str, str]]) -> dict[str, dict[str, Any]]:
+    """Each asked question's metrics in an evaluation run at its step limit; a question with no row (it failed)
+    counts as unanswered and wrong, with no documents."""
+    from eval.metrics import question_metrics, step_limit
+    from eval.run import read_manifest
+    from eval.score import read_predictions
+
+    manifest = read_manifest(run)
+    limit = step_limit(manifest)
+    answers = manifest.get("method") != "single_shot"  # retrieval only: no answer to score
+    scores = {}
+    for row in read_predictions(run):
+        key = question_key(row["dataset"], row["question_id"])
+        if key not in questions:
+            continue
+        metric = question_metrics(row, limit, None)
+        retrieval = metric["retrieval"] or {}
+        scores[key] = {
+            "em": metric["em"] if answers else None,
+            "f1": metric["f1"] if answers else None,
+            "full_recall": retrieval.get("full_recall"),
+            "docs": float(metric["docs"]),
+            "answered": metric["answered"] if answers else None,
+            "format_error": float("invalid" in row) if answers else None,
+        }
+    missing = [key for key in questions if key not in scores]
+    if missing:
+        logger.warning("%s: %d of %d questions have no row (failed): counted wrong", run, len(missing), len(questions))
+    for key in missing:
+        scores[key] = {"em": 0.0, "f1": 0.0, "full_recall": 0.0, "docs": 0.0, "answered": 0.0, "format_error": 0.0}
+        if not answers:
+            scores[key].update(em=None, f1=None, answered=None, format_error=None)
+    return scores
+
+
+def seed_summary(result: dict[str, Any]) -> dict[str, Any]:
+    """One (arm, seed)'s means over every question it was evaluated on, and its training wall time."""
+    means = {}
+    for metric in METRICS:
+        values = [row[metric] for row in result["scores"].values() if row[metric] is not None]
+        means[metric] = statistics.fmean(values) if values else None
+    return {"seed": result["seed"], "train_s": result["train_s"], **means}
+
+
+def sft_seconds_per_epoch(run: Path) -> float:
+    """A training run's SFT seconds per epoch: its median step interval (a pause between a killed run and its
+    resumption does not count) times its steps per epoch, from its metrics.jsonl."""
+    from r3_env.train.metrics import read_metrics
+
+    rows = [row for row in read_metrics(run) if row["stage"] == "sft"]
+    if len(rows) < 2:
+        raise ValueError(f"{run}: too few SFT steps in its metrics.jsonl to time an epoch of SFT")
+    step = statistics.median(b["time"] - a["time"] for a, b in zip(rows, rows[1:], strict=False))
+    return step * len(rows) / max(row["epoch"] for row in rows)
+
+
+# -- the bench ----------------------------------------------------------------------------------
+
+
+class RLGain:
+    """The arms of one invocation: trained (resumed) and evaluated into OUT, with the services started once."""
+
+    def __init__(self, demo: Demo, record: dict[str, Any], args: argparse.Namespace, settings: dict[str, str]) -> None:
+        self.demo, self.record, self.args, self.settings = demo, record, args, settings
+        self.out = Path(args.out)
+        self.start = demo.finished_sft_policy()
+        self.data = demo.sources()
+        budget = demo.budget
+        self.per_iteration = budget.rollout_batch_size * budget.n_samples_per_prompt
+        self.iterations = math.ceil(args.episodes / self.per_iteration)
+        self.rft_questions = math.ceil(args.episodes / budget.n_samples_per_prompt)
+        self.dev_questions = args.dev_questions if args.dev_questions is not None else (0 if demo.config.data else 200)
+        self.questions = question_set(self.data.eval, self.dev_questions)
+        # evaluation runs live in the demo's eval folder: named by this OUT, so two benches never share one
+        self.tag = hashlib.sha1(str(self.out.resolve()).encode()).hexdigest()[:8]
+        self.urls: tuple[str, str] = ("", "")
+
+    def folder(self, arm: str, seed: int | None) -> Path:
+        return self.out / arm if seed is None else self.out / arm / f"seed{seed}"
+
+    def arm_settings(self, arm: str, seed: int | None) -> dict[str, Any]:
+        """What the arm's result depends on: a result.json saved with others is refused, not mixed in."""
+        if arm == "sft":
+            return {"start": str(self.start)}
+        common = {"start": str(self.start), "seed": seed, "set": self.settings}
+        if arm in RL_SCHEMES:
+            return {**common, "episodes": self.iterations * self.per_iteration, "iterations": self.iterations}
+        if arm == "rft":
+            n = self.demo.budget.n_samples_per_prompt
+            return {**common, "episodes": self.rft_questions * n, "questions": self.rft_questions,
+                    "temperature": self.args.rft_temperature}  # fmt: skip
+        return common  # sft_more: its wall time is recorded, not fixed in advance
+
+    def read_result(self, arm: str, seed: int | None) -> dict[str, Any] | None:
+        path = self.folder(arm, seed) / RESULT
+        if not path.is_file():
+            return None
+        result = json.loads(path.read_text())
+        wanted = self.arm_settings(arm, seed)
+        if result["settings"] != wanted:
+            sys.exit(f"{path} was trained with {result['settings']}, not {wanted}: give another --out")
+        return result
+
+    def write_result(self, arm: str, seed: int | None, result: dict[str, Any]) -> None:
+        path = self.folder(arm, seed) / RESULT
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".tmp")
+        partial.write_text(json.dumps(result, indent=2) + "\n")
+        partial.replace(path)
+
+    # -- training -----------------------------------------------------------------------------
+
+    def timed(self, folder: Path, train: Any) -> tuple[Path, float]:
+        """``train()``'s policy and the wall time training took over every invocation (OUT/.../timing.json)."""
+        from r3_env.train.models import finished
+
+        timing = folder / "timing.json"
+        spent = json.loads(timing.read_text())["train_s"] if timing.is_file() else 0.0
+        done_before = any(finished(stage) for stage in (folder / "train" / "ppo", folder / "train" / "sft"))
+        started = time.perf_counter()
+        try:
+            policy = train()
+        finally:  # an interrupted run's time counts too: its resumption adds the rest
+            if not done_before:
+                spent += time.perf_counter() - started
+                folder.mkdir(parents=True, exist_ok=True)
+                timing.write_text(json.dumps({"train_s": round(spent, 1)}) + "\n")
+        return Path(policy), spent
+
+    def train_rl(self, arm: str, seed: int) -> tuple[Path, float]:
+        folder = self.folder(arm, seed)
+        settings = {"seed": seed, "reward.scheme": RL_SCHEMES[arm], "ppo.iterations": self.iterations, **self.settings}
+        return self.timed(folder, lambda: self.demo.ppo_again(settings, folder / "train", self.urls))
+
+    def sft_config(self, data: Path | str, out: Path, seed: int, epochs: int) -> Any:
+        config = self.demo.train_config(self.start, data, self.data.prompts, *self.urls)
+        return config.with_settings({"out": str(out), "seed": seed, "sft.epochs": epochs, **self.settings})
+
+    def sft_more_seconds(self, seed: int) -> float:
+        """The wall time to match: --sft_more_seconds, else the mean of the RL arms' at this seed (any seed's
+        without them)."""
+        if self.args.sft_more_seconds:
+            return self.args.sft_more_seconds
+        for seeds in ([seed], self.args.seed_list):
+            times = [t for arm in RL_SCHEMES for s in seeds if (t := self.train_seconds(arm, s)) is not None]
+            if times:
+                return statistics.fmean(times)
+        sys.exit("sft_more matches an RL arm's wall time: run rl_process or rl_outcome first (or in the same "
+                 "invocation, before it), or give --sft_more_seconds")  # fmt: skip
+
+    def train_seconds(self, arm: str, seed: int) -> float | None:
+        result = self.read_result(arm, seed)
+        return None if result is None else result["train_s"]
+
+    def train_sft_more(self, seed: int) -> tuple[Path, float, dict[str, Any]]:
+        from r3_env.train.local import CONFIG_FILE, train_local
+
+        target = self.sft_more_seconds(seed)
+        demo_train = json.loads((self.demo.out / "train" / CONFIG_FILE).read_text())
+        data = demo_train["sft"]["data"]
+        per_epoch = sft_seconds_per_epoch(self.demo.out / "train")
+        folder = self.folder("sft_more", seed)
+        saved = folder / "plan.json"  # fixed once: a resumed run keeps it
+        if saved.is_file():
+            plan = json.loads(saved.read_text())
+        else:
+            # whole epochs, or under one epoch's time one epoch over a seeded share of the examples
+            share = min(1.0, target / per_epoch)
+            plan = {"target_s": round(target, 1), "demo_sft_s_per_epoch": round(per_epoch, 1),
+                    "epochs": max(1, round(target / per_epoch)), "share": share}  # fmt: skip
+            if share < 1.0:
+                from r3_env.data import iter_jsonl, write_jsonl
+
+                rows = [row for _, row in iter_jsonl(data)]
+                rows = random.Random(seed).sample(rows, max(1, math.ceil(share * len(rows))))
+                write_jsonl(folder / "sft.jsonl", rows)
+            folder.mkdir(parents=True, exist_ok=True)
+            saved.write_text(json.dumps(plan) + "\n")
+        if plan["share"] < 1.0:
+            data = str(folder / "sft.jsonl")
+        logger.info("sft_more seed %d: %d epoch(s) over %.0f%% of %s to match %.0f s of RL (the demo's SFT: %.0f s an "
+                    "epoch)", seed, plan["epochs"], 100 * plan["share"], data, plan["target_s"],
+                    plan["demo_sft_s_per_epoch"])  # fmt: skip
+        config = self.sft_config(data, folder / "train", seed, plan["epochs"])
+        policy, spent = self.timed(folder, lambda: train_local(config, stages=("sft",))["sft"])
+        return policy, spent, plan
+
+    def sample(self, policy: Path, data: Path, out: Path, seed: int) -> None:
+        """Sampled (not greedy) episodes of ``policy`` on ``data`` through the evaluation, scored by the reward
+        server (its verdict: ``correct`` in question_scores.jsonl)."""
+        from eval.score import ScoreConfig, score_run
+        from r3_env.runs import JudgeClientConfig
+
+        settings = {"data": str(data), "out": str(out), "name": out.name, "max_questions": 0, "concurrency": 32,
+                    "step_format": self.demo.config.method.step_format, "method": "r3"}  # fmt: skip
+        temperature = self.args.rft_temperature
+        if self.demo.config.eval_engine == "vllm":
+            generation = {"generation.temperature": temperature, "generation.seed": seed}
+            self.demo._evaluate_in_vllm_env({**settings, **generation}, policy, self.urls[0])
+        else:
+            from demo.run import MAX_MODEL_LEN
+            from eval.engines import EngineConfig, GenerationConfig
+            from eval.run import EvalRunConfig, run_eval
+            from r3_env.env import EnvConfig
+            from r3_env.runs import RetrievalSource
+
+            engine = EngineConfig(kind="hf", model=str(policy), dtype="float32", max_model_len=MAX_MODEL_LEN)
+            generation = GenerationConfig(temperature=temperature, seed=seed)
+            asyncio.run(run_eval(EvalRunConfig(**settings), EnvConfig(**self.demo.env), engine, generation,
+                                 RetrievalSource(url=self.urls[0])))  # fmt: skip
+        asyncio.run(score_run(ScoreConfig(run=str(out)), JudgeClientConfig(url=self.urls[1])))
+
+    def train_rft(self, seed: int) -> tuple[Path, float, dict[str, Any]]:
+        """Expert iteration: the start's sampled episodes on train questions, its correct ones SFT data, SFT."""
+        from r3_env.coldstart.sft_data import SFTDataConfig, build_sft_data
+        from r3_env.data import iter_jsonl, read_dataset, write_jsonl
+        from r3_env.train.local import train_local
+
+        folder = self.folder("rft", seed)
+        samples = self.demo.budget.n_samples_per_prompt
+
+        def train() -> Path:
+            prompts = folder / "prompts.jsonl"
+            if not prompts.is_file():  # a seeded draw of train questions, as PPO draws its batches
+                items = read_dataset(self.data.prompts)
+                chosen = random.Random(seed).sample(items, min(self.rft_questions, len(items)))
+                write_jsonl(prompts, [item.to_json() for item in chosen])
+            kept = []
+            for k in range(samples):
+                run = folder / "samples" / f"sample{k}"
+                logger.info("rft seed %d: sample %d/%d of %d questions", seed, k + 1, samples, self.rft_questions)
+                self.sample(self.start, prompts, run, seed * 1000 + k)
+                correct = {row["id"] for _, row in iter_jsonl(run / "question_scores.jsonl") if row["correct"]}
+                kept += [{**row, "id": f"{row['id']}#{k}", "outcome": "correct"}
+                         for _, row in iter_jsonl(run / "predictions.jsonl") if row["id"] in correct]  # fmt: skip
+            trajectories = folder / "trajectories.jsonl"
+            write_jsonl(trajectories, kept)
+            stats = {"episodes": samples * self.rft_questions, "correct": len(kept)}
+            if kept:
+                sft = folder / "sft.jsonl"
+                built = build_sft_data(SFTDataConfig(input=str(trajectories), out=str(sft), tokenizer=str(self.start),
+                                                     doc_chars=self.demo.env["doc_chars"],
+                                                     step_format=self.demo.config.method.step_format))  # fmt: skip
+                stats["examples"] = built["examples"]
+            (folder / "rft.json").write_text(json.dumps(stats) + "\n")
+            logger.info("rft seed %d: %d of %d sampled episodes correct", seed, len(kept), stats["episodes"])
+            if not stats.get("examples"):
+                logger.warning("rft seed %d: no correct episode to train on; the arm is the start itself", seed)
+                return self.start
+            config = self.sft_config(folder / "sft.jsonl", folder / "train", seed, self.demo.budget.sft_epochs)
+            return train_local(config, stages=("sft",))["sft"]
+
+        policy, spent = self.timed(folder, train)
+        return policy, spent, json.loads((folder / "rft.json").read_text())
+
+    # -- evaluation ---------------------------------------------------------------------------
+
+    def evaluate(self, name: str, policy: Path, data: str, **extra: Any) -> Path:
+        """Greedy evaluation through the demo's (resumes); the run's folder. A run older than its policy (the arm
+        was trained again) is evaluated afresh, not resumed."""
+        run = self.demo.out / "eval" / f"rl_gain_{self.tag}_{name}"
+        predictions, weights = run / "predictions.jsonl", policy / "config.json"
+        if predictions.is_file() and weights.is_file() and predictions.stat().st_mtime < weights.stat().st_mtime:
+            logger.warning("%s is older than its policy %s: evaluating it afresh", run, policy)
+            shutil.rmtree(run)
+        self.demo.evaluate(f"rl_gain_{self.tag}_{name}", policy, data, *self.urls, max_questions=self.dev_questions,
+                           **extra)  # fmt: skip
+        return self.demo.paths[f"eval_rl_gain_{self.tag}_{name}"]
+
+    def run_arm(self, arm: str, seed: int | None) -> dict[str, Any]:
+        result = self.read_result(arm, seed)
+        if result is not None:
+            logger.info("%s%s: read back from %s", arm, "" if seed is None else f" seed {seed}", self.folder(arm, seed))
+            return result
+        extra: dict[str, Any] = {}
+        if arm == "sft":
+            policy, spent = self.start, 0.0
+        elif arm in RL_SCHEMES:
+            policy, spent = self.train_rl(arm, seed)
+        elif arm == "sft_more":
+            policy, spent, extra = self.train_sft_more(seed)
+        else:
+            policy, spent, extra = self.train_rft(seed)
+        name = arm if seed is None else f"{arm}_s{seed}"
+        run = self.evaluate(f"{name}_q{self.dev_questions}", policy, self.data.eval)
+        result = {"arm": arm, "seed": seed, "settings": self.arm_settings(arm, seed), "policy": str(policy),
+                  "train_s": round(spent, 1), **extra, "eval_run": str(run),
+                  "scores": question_scores(run, self.questions)}  # fmt: skip
+        self.write_result(arm, seed, result)
+        return result
+
+    def bm25_row(self, arms: dict[str, list[dict[str, dict[str, Any]]]]) -> tuple[list[dict], dict[str, int]]:
+        """Single-shot BM25 at the reference arm's documents per dataset: (per-question scores, K per dataset)."""
+        from eval.metrics import matched_k
+        from r3_env.runs import dataset_names, dataset_paths
+
+        reference = arms.get("rl_process") or arms["sft"]
+        files = dataset_paths(self.data.eval)
+        scores: dict[str, dict[str, Any]] = {}
+        ks = {}
+        for name, path in zip(dataset_names(files), files, strict=True):
+            keys = [key for key, info in self.questions.items() if info["dataset"] == name]
+            docs = [d for key in keys if (d := seed_mean(reference, key, "docs")) is not None]
+            k = ks[name] = matched_k(statistics.fmean(docs) if docs else 1.0)
+            if self.demo.config.data:  # real questions: the demo's untrained model reads the K documents
+                run = self.evaluate(f"{BM25}_{name}_k{k}_q{self.dev_questions}", Path(self.record["paths"]["policy0"]),
+                                    str(path), eval_method="naive_rag", naive_topk=k)  # fmt: skip
+            else:  # the world's untrained policy is random: retrieval only
+                run = self.evaluate(f"{BM25}_{name}_k{k}_q{self.dev_questions}", self.start, str(path),
+                                    eval_method="single_shot", naive_topk=k)  # fmt: skip
+            mine = {key: info for key, info in self.questions.items() if info["dataset"] == name}
+            scores.update(question_scores(run, mine))
+        return [scores], ks
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--demo", required=True, help="a finished demo's --out folder (its SFT policy is the start)")
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    parser.add_argument("--seeds", default="0,1,2", help="seeds of every arm but sft")
+    parser.add_argument("--episodes", type=int, default=256, help="sampled episodes of each RL arm")
+    parser.add_argument(
+        "--dev_questions",
+        type=int,
+        default=None,
+        help="the world's first N dev questions (default 200); real data: per dataset (default: all)",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a dotted r3rag train local setting of every trained arm (e.g. ppo.actor_lr=1e-5)",
+    )
+    parser.add_argument("--eval_engine", choices=("hf", "vllm"), default="vllm", help="as r3rag demo's")
+    parser.add_argument("--rollout_engine", choices=("hf", "vllm"), default="hf", help="PPO's, as r3rag demo's")
+    parser.add_argument("--vllm_python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
+    parser.add_argument(
+        "--sft_more_seconds",
+        type=float,
+        default=0.0,
+        help="sft_more's wall time (0: the RL arms' mean, from their saved timings)",
+    )
+    parser.add_argument("--rft_temperature", type=float, default=1.0, help="rft's sampling temperature")
+    parser.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples of the questions")
+    parser.add_argument("--out", default="", help="default: DEMO/rl_gain")
+    args = parser.parse_args()  # fmt: skip
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
+    unknown = [arm for arm in arms if arm not in ARMS]
+    if unknown or not arms:
+        sys.exit(f"--arms: {', '.join(unknown) or 'none given'}; choose from {', '.join(ARMS)}")
+    if args.episodes < 1 or args.resamples < 1 or (args.dev_questions is not None and args.dev_questions < 0):
+        sys.exit("--episodes and --resamples must be at least 1, --dev_questions 0 or more")
+    try:
+        args.seed_list = [int(s) for s in args.seeds.split(",") if s.strip()]
+        settings = parse_settings(args.set)
+    except (ValueError, ConfigError) as error:
+        sys.exit(f"--seeds / --set: {error}")
+    args.out = args.out or str(Path(args.demo) / "rl_gain")
+    try:
+        demo, record = Demo.from_folder(args.demo, eval_engine=args.eval_engine, rollout_engine=args.rollout_engine,
+                                        vllm_python=args.vllm_python)  # fmt: skip
+        bench = RLGain(demo, record, args, settings)
+    except ValueError as error:
+        sys.exit(f"--demo: {error}")
+    # sft first (every difference is to it), the RL arms before sft_more (it matches their wall time)
+    ordered = sorted(set(arms) | {"sft"}, key=["sft", "rl_process", "rl_outcome", "rft", "sft_more"].index)
+    jobs = [("sft", None)] + [(arm, seed) for arm in ordered if arm != "sft" for seed in args.seed_list]
+    results: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    per_seed: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    started = time.perf_counter()
+    with demo.serving() as urls:
+        bench.urls = urls
+        for number, (arm, seed) in enumerate(jobs, start=1):
+            done = time.perf_counter() - started
+            eta = f", about {done / (number - 1) * (len(jobs) - number + 1) / 60:.0f} min to go" if number > 1 else ""
+            logger.info("arm %d/%d: %s%s (%.0f s so far%s)", number, len(jobs), arm,
+                        "" if seed is None else f" seed {seed}", done, eta)  # fmt: skip
+            try:
+                result = bench.run_arm(arm, seed)
+            except ConfigError as error:
+                sys.exit(str(error))
+            results[arm].append(result["scores"])
+            per_seed[arm].append(seed_summary(result))
+        # every seed saved in OUT counts, those of earlier invocations too
+        for arm in ordered:
+            if arm == "sft":
+                continue
+            for path in sorted(bench.folder(arm, None).glob(f"seed*/{RESULT}")):
+                seed = int(path.parent.name.removeprefix("seed"))
+                if seed not in args.seed_list and (saved := bench.read_result(arm, seed)) is not None:
+                    results[arm].append(saved["scores"])
+                    per_seed[arm].append(seed_summary(saved))
+        bm25, ks = bench.bm25_row(results)
+    label = f"single-shot BM25 @K ({', '.join(f'{name} K={k}' for name, k in ks.items())})"
+    table_arms = {arm: results[arm] for arm in ARMS if arm in ordered} | {label: bm25}
+    rows = build_table(table_arms, bench.questions, args.resamples)
+    world = "real-data eval split" if demo.config.data else "world dev"
+    note = (f"{len(bench.questions)} {world} questions, greedy ({args.eval_engine}); RL arms: {bench.iterations} "
+            f"PPO iterations x {bench.per_iteration} episodes; Δ: arm minus sft, paired bootstrap 95% CI over the "
+            f"questions ({args.resamples} resamples), each question averaged over the arm's seeds first; BM25's K "
+            f"matches {'rl_process' if 'rl_process' in results else 'sft'}'s documents read")  # fmt: skip
+    table = format_table(rows, note)
+    table += "\nEach seed's means over every question (EM %, F1 %, training wall time):\n\n"
+    for arm in (arm for arm in ARMS if arm in per_seed):
+        cells = [f"seed {'-' if m['seed'] is None else m['seed']}: {100 * m['em']:.1f}, {100 * m['f1']:.1f}, "
+                 f"{m['train_s']:.0f} s" for m in per_seed[arm]]  # fmt: skip
+        table += f"- {arm}: " + "; ".join(cells) + "\n"
+    out = Path(args.out)
+    seeds = {arm: len(saved) for arm, saved in results.items()}
+    summary = {"demo": str(Path(args.demo).resolve()), "arms": ordered, "seeds": seeds,
+               "questions": len(bench.questions), "episodes": bench.iterations * bench.per_iteration,
+               "bm25_k": ks, "per_seed": per_seed, "rows": rows,
+               "seconds": round(time.perf_counter() - started)}  # fmt: skip
+    (out / "rl_gain.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / "rl_gain.md").write_text(table)
+    print(table, flush=True)
+
+
+if __name__ == "__main__":
+    main()

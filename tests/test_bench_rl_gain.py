@@ -1,0 +1,165 @@
+"""bench/rl_gain.py: the paired bootstrap and the table it reports, and (slow) every arm on a quick demo."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, run_r3rag
+
+sys.path.insert(0, str(ROOT / "bench"))
+
+from rl_gain import build_table, format_table, paired_bootstrap
+
+ARMS = ("sft", "sft_more", "rl_process", "rl_outcome", "rft")
+
+
+def test_identical_arms_differ_by_exactly_zero():
+    scores = [0.0, 1.0, 1.0, 0.0, 0.5, 0.25]
+    assert paired_bootstrap(scores, scores) == {"mean": 0.0, "lo": 0.0, "hi": 0.0, "n": 6}
+
+
+def test_a_constant_shift_has_that_shift_as_its_whole_ci():
+    base = [0.0, 0.5, 0.2, 0.9, 0.1]
+    ci = paired_bootstrap([b + 1.0 for b in base], base)
+    assert ci["n"] == 5 and ci["mean"] == pytest.approx(1.0)
+    assert ci["lo"] == pytest.approx(1.0) and ci["hi"] == pytest.approx(1.0)
+    assert ci["lo"] <= ci["mean"] <= ci["hi"]
+
+
+def test_the_ci_is_paired_fixed_by_its_seed_and_covers_the_mean():
+    base = [float(i % 2) for i in range(40)]
+    arm = [float(i % 3 == 0) for i in range(40)]
+    ci = paired_bootstrap(arm, base, resamples=500, seed=3)
+    assert ci == paired_bootstrap(arm, base, resamples=500, seed=3)
+    assert ci["lo"] < ci["mean"] < ci["hi"] and ci["mean"] == pytest.approx(sum(arm) / 40 - sum(base) / 40)
+    # pairing: the same per-question shift of a noisy base is certain, whatever the base's spread
+    shifted = paired_bootstrap([b + 0.1 for b in base], base)
+    assert shifted["hi"] - shifted["lo"] == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(ValueError, match="differ in length"):
+        paired_bootstrap([1.0], [1.0, 0.0])
+
+
+def _scores(em: float, docs: float = 2.0, full_recall: float | None = 1.0) -> dict:
+    return {"em": em, "f1": em, "full_recall": full_recall, "docs": docs, "answered": 1.0, "format_error": 0.0}
+
+
+def test_the_table_averages_seeds_per_question_and_groups_by_dataset_and_type():
+    questions = {"a/1": {"dataset": "a", "type": "x"}, "a/2": {"dataset": "a", "type": "y"},
+                 "b/1": {"dataset": "b", "type": "x"}}  # fmt: skip
+    sft = [{key: _scores(0.0) for key in questions}]
+    rl = [{key: _scores(1.0) for key in questions}, {key: _scores(0.0) for key in questions}]  # two seeds
+    bm25 = [{key: {**_scores(0.0, 3.0), "em": None, "f1": None} for key in questions}]
+    rows = build_table({"sft": sft, "rl_process": rl, "bm25": bm25}, questions, resamples=200)
+    groups = list(dict.fromkeys(row["group"] for row in rows))
+    assert groups == ["all", "a", "a / x", "a / y", "b"]  # b has one type: no type rows
+    by = {(row["group"], row["arm"]): row for row in rows}
+    assert by[("all", "rl_process")]["seeds"] == 2 and by[("all", "rl_process")]["questions"] == 3
+    assert by[("all", "rl_process")]["mean"]["em"] == 0.5  # each question's seeds averaged first
+    assert by[("all", "rl_process")]["diff"]["em"] == {"mean": 0.5, "lo": 0.5, "hi": 0.5, "n": 3}
+    assert by[("all", "sft")]["diff"]["em"] == {"mean": 0.0, "lo": 0.0, "hi": 0.0, "n": 3}
+    assert "em" not in by[("all", "bm25")]["diff"] and by[("all", "bm25")]["diff"]["docs"]["mean"] == 1.0
+    text = format_table(rows, "a note")
+    assert "### a / x" in text and "| rl_process | 2 | 3 | 50.0 | +50.0 [+50.0, +50.0] |" in text
+    assert text.rstrip().endswith("a note")
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("rl-gain") / "demo"
+    result = run_r3rag("demo", "--quick", "--out", str(out), timeout=1200)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+@pytest.mark.slow
+def test_every_arm_trains_from_the_sft_policy_and_the_table_has_their_rows_and_cis(demo):
+    """bench/rl_gain.py on a tiny budget: every arm, two seeds, the same questions; the table has a row per arm
+    with CIs around the mean difference (sft's exactly 0); a rerun reads every arm back instead of training it."""
+    out = demo / "rl_gain"
+    command = [sys.executable, str(ROOT / "bench" / "rl_gain.py"), "--demo", str(demo), "--arms", ",".join(ARMS),
+               "--seeds", "0,1", "--episodes", "16", "--dev_questions", "6", "--eval_engine", "hf",
+               "--set", "ppo.critic_warmup=0", "--resamples", "500"]  # fmt: skip
+    first = subprocess.run(command, capture_output=True, text=True, timeout=3000, cwd=ROOT)
+    assert first.returncode == 0, first.stderr[-5000:]
+    summary = json.loads((out / "rl_gain.json").read_text())
+    assert summary["questions"] == 6 and summary["episodes"] == 16
+    assert summary["seeds"] == {"sft": 1, "sft_more": 2, "rl_process": 2, "rl_outcome": 2, "rft": 2}
+    rows = [row for row in summary["rows"] if row["group"] == "world"]
+    arms = [row["arm"] for row in rows]
+    assert arms[:5] == list(ARMS) and arms[5].startswith("single-shot BM25 @K (world K=")
+    for row in rows:
+        assert row["questions"] == 6
+        for metric, diff in row["diff"].items():
+            assert diff["lo"] <= diff["mean"] <= diff["hi"], (row["arm"], metric, diff)
+            assert diff["n"] == 6
+    sft = rows[0]
+    assert all(diff == {"mean": 0.0, "lo": 0.0, "hi": 0.0, "n": 6} for diff in sft["diff"].values())
+    assert set(sft["diff"]) == {"em", "f1", "full_recall", "docs", "answered", "format_error"}
+    bm25 = rows[5]
+    assert bm25["mean"]["em"] is None and "em" not in bm25["diff"] and 0 <= bm25["mean"]["full_recall"] <= 1
+    for arm in ARMS[1:]:
+        for seed in (0, 1):
+            result = json.loads((out / arm / f"seed{seed}" / "result.json").read_text())
+            assert len(result["scores"]) == 6 and result["train_s"] > 0
+            if arm.startswith("rl_"):
+                config = json.loads((out / arm / f"seed{seed}" / "train" / "config.json").read_text())
+                assert config["ppo"]["iterations"] == 1 and config["run"]["seed"] == seed
+                assert config["reward"]["scheme"] == {"rl_process": "r3", "rl_outcome": "outcome"}[arm]
+    plan = json.loads((out / "sft_more" / "seed0" / "plan.json").read_text())
+    assert plan["epochs"] >= 1 and plan["target_s"] > 0 and 0 < plan["share"] <= 1
+    config = json.loads((out / "sft_more" / "seed0" / "train" / "config.json").read_text())
+    assert config["model"]["policy"] == str(demo / "train" / "sft" / "policy")
+    if plan["share"] < 1:  # PPO on a tiny budget takes less than an epoch of SFT: a share of the examples
+        assert config["sft"]["data"] == str(out / "sft_more" / "seed0" / "sft.jsonl")
+    rft = json.loads((out / "rft" / "seed0" / "rft.json").read_text())
+    assert rft["episodes"] == 16 and 0 <= rft["correct"] <= 16
+    table = (out / "rl_gain.md").read_text()
+    assert table in first.stdout and "| rl_outcome | 2 | 6 |" in table and "Δ" in table
+
+    mtimes = {path: path.stat().st_mtime for path in out.glob("*/seed*/result.json")}
+    again = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stderr.count("read back from") == 9  # sft, and four arms of two seeds
+    assert "PPO" not in again.stderr and "SFT:" not in again.stderr  # nothing trained again
+    assert {path: path.stat().st_mtime for path in mtimes} == mtimes
+    assert json.loads((out / "rl_gain.json").read_text())["rows"] == summary["rows"]
+    assert math.isfinite(summary["rows"][0]["mean"]["docs"])
+
+
+@pytest.mark.slow
+def test_rft_fine_tunes_the_start_on_the_correct_episodes_it_sampled(demo, tmp_path, monkeypatch):
+    """The quick demo's tiny policy answers nothing right, so its sampling is stood in for by the scripted
+    teacher's trajectories of the same questions, scored correct: the arm keeps them, writes SFT data from them
+    and fine-tunes the start on it."""
+    import argparse
+
+    from rl_gain import RLGain
+
+    from demo.run import Demo
+    from r3_env.data import iter_jsonl, write_jsonl
+
+    teacher = {row["question_id"]: row for _, row in iter_jsonl(demo / "coldstart" / "trajectories.jsonl")}
+
+    def sample(self, policy, data, out, seed):
+        assert policy == self.start and self.args.rft_temperature == 1.0
+        rows = [{**teacher[item["id"]], "id": f"{data.parent.name}/{item['id']}", "dataset": data.parent.name}
+                for _, item in iter_jsonl(data) if item["id"] in teacher]  # fmt: skip
+        write_jsonl(out / "predictions.jsonl", rows)
+        write_jsonl(out / "question_scores.jsonl", [{"id": row["id"], "correct": True} for row in rows])
+
+    monkeypatch.setattr(RLGain, "sample", sample)
+    args = argparse.Namespace(episodes=32, dev_questions=4, rft_temperature=1.0, seed_list=[0],
+                              sft_more_seconds=0.0, out=str(tmp_path))  # fmt: skip
+    demo_run, record = Demo.from_folder(demo)
+    bench = RLGain(demo_run, record, args, {})
+    bench.urls = ("http://127.0.0.1:9", "http://127.0.0.1:9")  # SFT alone asks no service
+    policy, seconds, stats = bench.train_rft(0)
+    assert stats["episodes"] == 32 and 0 < stats["correct"] <= 32 and stats["examples"] == stats["correct"]
+    assert policy == tmp_path / "rft" / "seed0" / "train" / "sft" / "policy" and (policy / "config.json").is_file()
+    config = json.loads((tmp_path / "rft" / "seed0" / "train" / "config.json").read_text())
+    assert config["sft"]["data"] == str(tmp_path / "rft" / "seed0" / "sft.jsonl")
+    assert config["model"]["policy"] == str(bench.start) and seconds > 0
