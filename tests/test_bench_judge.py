@@ -28,7 +28,10 @@ def test_the_bench_judges_gold_against_distractors_on_real_questions(tmp_path):
     command = [sys.executable, str(ROOT / "bench" / "judge_quality.py"), "--questions", "6", "--judges", "lexical"]
     command += ["--data", str(SHARED_DATA), "--work", str(tmp_path)]
     printed = subprocess.run(command, capture_output=True, text=True, timeout=300, check=True).stdout
-    assert "rel AUC" in printed and "lexical" in printed
-    lexical = json.loads((tmp_path / "results.json").read_text())["judges"]["lexical"]
-    assert 0 <= lexical["relevance_auc"] <= 1 and lexical["relevance_parsed"] == 1.0
+    assert "AUC bm25" in printed and "dataset" in printed and "lexical" in printed
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert (results["skip"], results["questions"]) == (40, 6)  # the first 40 are the tuning sample: left out
+    lexical = results["judges"]["lexical"]
+    assert set(lexical["relevance_auc"]) == {"bm25", "dataset"}
+    assert all(0 <= value <= 1 for value in lexical["relevance_auc"].values()) and lexical["relevance_parsed"] == 1.0
     assert lexical["correctness_accuracy"] == 1.0  # the golden answer itself, and another question's answer
