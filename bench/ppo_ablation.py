@@ -48,7 +48,7 @@ def actor_summary(run: Path) -> dict[str, float]:
     trained = [row for row in ppo if row.get("actor_trained")]
     return {
         "actor_iterations": len(trained),
-        "kl_max": max((abs(row["kl"]) for row in ppo), default=0.0),
+        "kl_max": max((abs(row["kl"]) for row in ppo if "kl" in row), default=0.0),
         "clip_ratio": statistics.mean(row["clip_ratio"] for row in trained) if trained else 0.0,
         "sampled_reward": statistics.mean(row["reward"] for row in ppo),
         "sampled_correct": statistics.mean(row["correct"] for row in ppo),

@@ -40,8 +40,8 @@ def learned_example(items: Sequence[dict[str, Any]], order: Sequence[str]) -> di
     the run's name; ``order`` names the runs left to right (e.g. untrained, sft, ppo).
     """
     by_run: dict[str, dict[str, dict[str, Any]]] = {}
-    for item in items:
-        by_run.setdefault(item["run"], {})[item["id"]] = item
+    for item in items:  # ids are unique within a dataset only (FlashRAG's dev_0, ...)
+        by_run.setdefault(item["run"], {})[f"{item['dataset']}/{item['id']}"] = item
     qid = pick_example(by_run, order)
     if qid is None:
         return None
@@ -55,15 +55,16 @@ def _e(value: Any) -> str:
 
 
 def _step_html(step: dict[str, Any]) -> str:
-    if step.get("query") is None:
-        return f'<li class="answer-step">answers <b>{_e(step.get("answer") or "")}</b></li>'
+    if step.get("answer") is not None:
+        return f'<li class="answer-step">answers <b>{_e(step["answer"])}</b></li>'
     docs = "".join(
         f'<li class="{"doc gold" if doc["gold"] else "doc"}">'
         + ('<span class="gold-mark">★ gold</span>' if doc["gold"] else "")
         + f"<b>{_e(doc['title'])}</b> {_e(doc['text'][:DOC_SHOWN])}</li>"
         for doc in step["docs"]
     )
-    return f'<li><span class="query">query: {_e(step["query"])}</span><ul class="docs">{docs}</ul></li>'
+    query = step.get("query") or "(several queries)"  # a multi_query step keeps its queries in the record only
+    return f'<li><span class="query">query: {_e(query)}</span><ul class="docs">{docs}</ul></li>'
 
 
 def learned_html(example: dict[str, Any] | None) -> str:
@@ -93,10 +94,10 @@ def learned_markdown(example: dict[str, Any] | None) -> list[str]:
     for column in example["columns"]:
         lines.append(f"- **{column['run']}** ({'correct' if column['correct'] else 'wrong'}):")
         for step in column["steps"]:
-            if step.get("query") is None:
-                lines.append(f"  - answers {step.get('answer') or ''}")
+            if step.get("answer") is not None:
+                lines.append(f"  - answers {step['answer']}")
                 continue
             found = ", ".join(f"{doc['title']}{' (gold)' if doc['gold'] else ''}" for doc in step["docs"])
-            lines.append(f"  - query: {step['query']} -> {found or 'no documents'}")
+            lines.append(f"  - query: {step.get('query') or '(several queries)'} -> {found or 'no documents'}")
         lines.append(f"  - final answer: {column['prediction'] or '(none)'}")
     return [*lines, ""]

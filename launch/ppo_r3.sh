@@ -89,9 +89,17 @@ if ! r3_env_dir="$("$PYTHON" -c 'import importlib.util as u; print(u.find_spec("
     exit 2
 fi
 # The recipe's settings (recipe_path, recipe_name, recipe_<VARIABLE>), read by r3_env.recipes.
+if [[ -n "${AGENT_CONFIG:-}" ]]; then
+    echo "AGENT_CONFIG is no longer read: the agent's settings come from the recipe (RECIPE=r3, lws, r2ag or a" \
+        "recipe file; see recipes/)" >&2
+    exit 2
+fi
 RECIPE="${RECIPE:-r3}"
-if ! recipe_lines="$("$PYTHON" -m r3_env.recipes shell "$RECIPE" 2>&1)"; then
-    echo "RECIPE=$RECIPE: ${recipe_lines##*$'\n'}" >&2
+python_errors="$(mktemp)"
+trap 'rm -f "$python_errors"' EXIT
+# stdout only is eval'd or read as a number: a warning on stderr must not become shell code
+if ! recipe_lines="$("$PYTHON" -m r3_env.recipes shell "$RECIPE" 2>"$python_errors")"; then
+    echo "RECIPE=$RECIPE: $(tail -n 1 "$python_errors")" >&2
     exit 2
 fi
 recipe_path="" recipe_name="" recipe_ALGO="" recipe_POLICY="" recipe_LABEL_KEY="" recipe_ROLLOUT_BATCH=""
@@ -286,11 +294,12 @@ export R3RAG_AGENT_CONFIG="$recipe_path"
 export R3RAG_AGENT_OVERRIDES="$overrides"
 
 # The config as the agent will read it; a scheme that changes with the training step needs an exact clock.
-if ! staged="$("$PYTHON" -m r3_env.recipes staged 2>&1)"; then
-    echo "cannot read the agent config with $PYTHON (${staged##*$'\n'}): check RECIPE and the overrides," \
+if ! staged="$("$PYTHON" -m r3_env.recipes staged 2>"$python_errors")"; then
+    echo "cannot read the agent config with $PYTHON ($(tail -n 1 "$python_errors")): check RECIPE and the overrides," \
         "or set PYTHON to the python of the env r3rag is installed in" >&2
     exit 2
 fi
+rm -f "$python_errors"  # the trainer is exec'd below, where the EXIT trap no longer runs
 if (( staged )); then
     if (( ROLLOUT_BATCH % VLLM_ENGINES )); then
         echo "the reward's stage clock counts each vLLM engine's episodes, and OpenRLHF deals whole prompts to" \

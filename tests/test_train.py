@@ -248,15 +248,26 @@ def test_one_ppo_iteration_of_a_real_instruct_model(world, smollm2_model, tmp_pa
 
 
 @pytest.mark.parametrize(
-    ("settings", "check"),
+    ("settings", "placement", "check"),
     [
-        ({"critic_warmup": 1, "estimator": "gae"}, lambda v: "policy_loss" not in v and math.isfinite(v["value_loss"])),
-        # scripted episodes repeat per question, so each question's two samples get the same reward
-        ({"filter_groups": True, "estimator": "reinforce"}, lambda v: v["trained_share"] == 0.0),
+        (
+            {"critic_warmup": 1, "estimator": "gae"},
+            "step",
+            lambda v: "policy_loss" not in v and math.isfinite(v["value_loss"]) and math.isfinite(v["kl"]),
+        ),
+        # scripted episodes repeat per question, so each question's two samples get the same reward; no KL is
+        # measured then, and the KL controller is left as it was
+        (
+            {"filter_groups": True, "estimator": "group_norm", "kl_target": 0.1},
+            "scalar",
+            lambda v: v["trained_share"] == 0.0 and "kl" not in v and "returns" not in v and v["kl_coef"] == 0.01,
+        ),
     ],
     ids=["critic_warmup", "uniform_groups_filtered"],
 )
-def test_an_iteration_that_must_not_train_the_actor_leaves_it_alone(world, tmp_path, settings, check):
+def test_an_iteration_that_must_not_train_the_actor_leaves_it_alone(world, tmp_path, settings, placement, check):
+    reward = dataclasses.replace(world["rollout"].reward, placement=placement)
+    world = {**world, "rollout": dataclasses.replace(world["rollout"], reward=reward)}
     trainer = make_trainer(world, tmp_path, **settings)
     try:
         trainer.load_prompts()
@@ -276,8 +287,9 @@ def test_group_filter_keeps_only_questions_whose_samples_differ():
     responses = [{"reward": r, "n": i} for i, r in enumerate([1.0, 1.0, 0.0, 2.0, -0.9, -0.9, 0.5, 0.5000001])]
     assert [r["n"] for r in differing_groups(responses, 2)] == [2, 3]
     assert [r["n"] for r in differing_groups(responses, 4)] == [0, 1, 2, 3, 4, 5, 6, 7]
-    with pytest.raises(ValueError, match="n_samples_per_prompt >= 2"):
-        PPOConfig(filter_groups=True, n_samples_per_prompt=1)
+    for settings in ({"estimator": "group_norm", "n_samples_per_prompt": 1}, {"estimator": "reinforce"}):
+        with pytest.raises(ValueError, match="set ppo.estimator group_norm and ppo.n_samples_per_prompt >= 2"):
+            PPOConfig(filter_groups=True, **settings)
 
 
 def test_lora_trains_only_its_adapters_and_saves_a_merged_policy(world, tmp_path):

@@ -128,7 +128,8 @@ class PPOConfig:
         default=False,
         metadata={
             "help": "train only on questions whose samples got different rewards (DAPO's dynamic sampling, without "
-            "re-sampling; needs n_samples_per_prompt >= 2): uniform groups have no group-baseline advantage"
+            "re-sampling; needs estimator group_norm and n_samples_per_prompt >= 2): uniform groups have no "
+            "group-baseline advantage"
         },
     )
     eval_prompts: str = field(
@@ -155,8 +156,11 @@ class PPOConfig:
             raise ValueError("ppo gamma and lambd must lie in [0, 1]")
         if self.eps_clip <= 0 or self.eps_clip_high < 0:
             raise ValueError("ppo.eps_clip must be positive and eps_clip_high 0 or more")
-        if self.filter_groups and self.n_samples_per_prompt < 2:
-            raise ValueError("ppo.filter_groups compares a question's samples: set ppo.n_samples_per_prompt >= 2")
+        if self.filter_groups and (self.estimator != "group_norm" or self.n_samples_per_prompt < 2):
+            raise ValueError(
+                "ppo.filter_groups drops questions whose samples share one reward, which carry no advantage only under "
+                "a group baseline: set ppo.estimator group_norm and ppo.n_samples_per_prompt >= 2"
+            )
         if self.eval_every < 1 or self.eval_questions < 0:
             raise ValueError("ppo.eval_every must be at least 1 and eval_questions 0 or more")
         if self.estimator == "group_norm" and self.n_samples_per_prompt < 2:

@@ -388,16 +388,17 @@ class PPOTrainer:
         retrieval_s, judging_s = (
             after - before for after, before in zip(self._service_time(), context_before, strict=True)
         )
-        kl = float(torch.cat([b.info["kl"].flatten() for b in batches]).mean()) if batches else 0.0
-        self.kl_ctl.update(kl, len(responses))
         self.iteration += 1
         values = _episode_stats(responses)
         values.update(losses)
+        if batches:  # with nothing trained no KL or returns were measured: none is logged, and the KL controller and
+            # the health monitor's spike history see no made-up 0
+            values["kl"] = float(torch.cat([b.info["kl"].flatten() for b in batches]).mean())
+            values["returns"] = float(torch.cat([b.returns[b.action_mask.bool()] for b in batches]).mean())
+            self.kl_ctl.update(values["kl"], len(responses))
         values.update(
-            kl=kl,
             kl_coef=float(self.kl_ctl.value),
             actor_trained=float(train_actor),
-            returns=float(torch.cat([b.returns[b.action_mask.bool()] for b in batches]).mean()) if batches else 0.0,
             trained_share=len(kept) / max(len(responses), 1),
             generation_s=self.engine.busy_s - busy_before,
             retrieval_s=retrieval_s,
@@ -478,7 +479,7 @@ class PPOTrainer:
                 self.ppo.iterations,
                 values["reward"],
                 100 * values["correct"],
-                values["kl"],
+                values.get("kl", math.nan),
                 values.get("entropy", float("nan")),
                 values.get("value_loss", float("nan")),
                 f", dev reward {values['dev_reward']:.3f}" if "dev_reward" in values else "",
@@ -530,6 +531,11 @@ class PPOTrainer:
         self.iteration, self.position = state["iteration"], state["position"]
         self.kl_ctl.value = state["kl_coef"]
         self.best = state.get("best")
+        saved = self.folder / "best_policy" / BEST_FILE  # written at an evaluation, maybe after this checkpoint
+        if saved.exists():
+            on_disk = json.loads(saved.read_text())
+            if self.best is None or on_disk["dev_reward"] > self.best["dev_reward"]:
+                self.best = on_disk
         self.health.load_state_dict(state.get("health") or {})
         set_rng_state(state["rng"])
         logger.info("PPO resumes after iteration %d from %s", self.iteration, self.folder / "checkpoint.pt")

@@ -99,14 +99,16 @@ class DenseJudge(Judge):
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         """Normalised embeddings, one row per text, encoding only texts not seen recently."""
-        missing = list(dict.fromkeys(t for t in texts if self.cache.get(t) is None))
+        found = {t: v for t in dict.fromkeys(texts) if (v := self.cache.get(t)) is not None}
+        missing = [t for t in dict.fromkeys(texts) if t not in found]
         if missing:
             vectors = self.model.encode(
                 missing, batch_size=64, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
             )
             for text, vector in zip(missing, vectors, strict=True):
-                self.cache.put(text, vector.astype(np.float32))
-        return np.stack([self.cache.get(t) for t in texts]) if texts else np.zeros((0, 0), np.float32)
+                found[text] = vector.astype(np.float32)
+                self.cache.put(text, found[text])  # a batch larger than the cache may evict its own texts
+        return np.stack([found[t] for t in texts]) if texts else np.zeros((0, 0), np.float32)
 
     def text_score(self, similarity: float, title: str, text: str) -> float:
         dense = min(max(similarity, 0.0), 1.0)
