@@ -5,7 +5,9 @@ A recipe holds the agent's sections, which every rollout actor reads through ``$
 ``algo:`` (the RL algorithm and its budget on OpenRLHF, read by the launch scripts) and, for R2AG,
 ``tree:`` (the retrieval tree's expansion rules, read by evaluation and the progressive driver; the
 tree's survivors are the reward's ``survivors_base`` / ``survivors_predicted``). The demo, the launch
-scripts (``python -m r3_env.recipes``), evaluation and ``r3rag r2ag train`` all load it here.
+scripts (``python -m r3_env.recipes``), evaluation and ``r3rag r2ag train`` all load it here. The ``multi_query``
+format and the ``top_survivor`` reward have no defaults of their own: what they are not given is R2AG's recipe's
+(:func:`r2ag_agent`).
 
     recipe = load_recipe("lws")             # or a path: load_recipe("my/frugal.yaml")
     recipe.rollout_config().reward.scheme   # 'lws'
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import shlex
@@ -170,6 +173,13 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
     )
     recipe.rollout_config()  # the agent's sections are checked here, not in a rollout actor
     return recipe
+
+
+@functools.cache
+def r2ag_agent() -> RolloutConfig:
+    """R2AG's agent sections (recipes/r2ag.yaml), loaded once: the multi_query format's limits
+    (policy.format_options) and the top_survivor reward's constants (reward.options) not given elsewhere."""
+    return load_recipe("r2ag").rollout_config()
 
 
 def json_object(text: str, what: str) -> dict[str, Any]:

@@ -25,10 +25,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from r3_env.episode import BranchHit as BranchHit  # a scheme's whole API is importable from here
 from r3_env.episode import Episode, Outcome, Signal
+from r3_env.recipes import r2ag_agent
 from r3_env.retrieval.metrics import average_precision
 
 
@@ -176,21 +177,30 @@ def gold_hit_step_rewards(episode: Episode, config: GoldHitConfig) -> list[float
 
 @dataclass(frozen=True)
 class TopSurvivorConfig:
-    """R2AG's R = alpha R_MH + beta R_JH + gamma R_AP + omega R_f (docs/recipes/r2ag.md#rewards; omega not given)."""
+    """R2AG's R = alpha R_MH + beta R_JH + gamma R_AP + omega R_f (docs/recipes/r2ag.md#rewards; omega not given).
 
-    alpha: float = 0.2  # Multi-Hit@Top-1: new gold documents among the queries' top-1 results
-    beta: float = 0.3  # Joint-Hit@Top-1: every gold document found by the end of the step, and stop signalled
-    gamma: float = 0.2  # Top-t/x average precision of the base and the predicted queries' top-1 results
-    omega: float = 1.0
-    predicted_weight: float = 1.25  # l: a predicted query's new gold counts this much in R_MH
-    format_bonus: float = 0.01  # R_f per query block after the think block ...
-    format_cap: float = 0.02  # ... with omega * R_f at most this
-    survivors_base: int = 4  # t for base queries: the first t (in the order written) make the AP
-    survivors_predicted: int = 2  # t for predicted queries
+    The constants' values live in R2AG's recipe (recipes/r2ag.yaml: reward.options); :func:`top_survivor_config`
+    fills those not given from there.
+    """
+
+    alpha: float  # Multi-Hit@Top-1: new gold documents among the queries' top-1 results
+    beta: float  # Joint-Hit@Top-1: every gold document found by the end of the step, and stop signalled
+    gamma: float  # Top-t/x average precision of the base and the predicted queries' top-1 results
+    omega: float
+    predicted_weight: float  # l: a predicted query's new gold counts this much in R_MH
+    format_bonus: float  # R_f per query block after the think block ...
+    format_cap: float  # ... with omega * R_f at most this
+    survivors_base: int  # t for base queries: the first t (in the order written) make the AP
+    survivors_predicted: int  # t for predicted queries
 
     def __post_init__(self) -> None:
         if self.survivors_base < 1 or self.survivors_predicted < 0:
             raise ValueError("survivors_base must be at least 1 and survivors_predicted 0 or more")
+
+
+def top_survivor_config(**options: Any) -> TopSurvivorConfig:
+    """``options`` over R2AG's recipe's constants (recipes/r2ag.yaml: reward.options)."""
+    return TopSurvivorConfig(**{**r2ag_agent().reward.options, **options})
 
 
 def top_t_average_precision(hits: Sequence[bool], t: int, gold_total: int) -> float:
@@ -325,7 +335,7 @@ def _gold_hit(**options) -> RewardScheme:
 
 
 def _top_survivor(**options) -> RewardScheme:
-    config = TopSurvivorConfig(**options)
+    config = top_survivor_config(**options)
     return RewardScheme(
         "top_survivor",
         lambda episode: top_survivor_step_rewards(episode, config),

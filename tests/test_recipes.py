@@ -90,7 +90,7 @@ def test_the_demo_trains_the_recipe(name, tmp_path):
     recipe = load_recipe(name).rollout_config()
     method = DEMO_METHODS[name]
     assert method.step_format == recipe.policy.step_format
-    demo = Demo(DemoConfig(out=str(tmp_path / "demo"), recipe=name, quick=True))
+    demo = Demo(DemoConfig(out=str(tmp_path / "demo"), model="tiny-random", recipe=name, quick=True))
     settings = demo.train_config(tmp_path / "policy", "", tmp_path / "prompts.jsonl", "http://r", "http://j")
     assert settings.rollout.policy.step_format == recipe.policy.step_format
     reward = settings.rollout.reward
@@ -117,6 +117,60 @@ def test_evaluation_defaults_to_r2ags_recipe():
         settings = method.settings()["tree"]
         assert (settings["topk"], settings["max_iterations"]) == (tree.topk, tree.max_iterations)
         assert (settings["survivors_base"], settings["max_base"]) == (tree.survivors_base, limits["max_base"])
+
+
+def test_r2ags_numbers_live_only_in_its_recipe(bpe_backend, tmp_path, monkeypatch):
+    """The multi_query format and the top_survivor reward have no defaults in code: the parser, the reward server,
+    the reward scheme and evaluation all take R2AG's limits, survivors and constants from recipes/r2ag.yaml."""
+    from conftest import CHATML_TEMPLATE, make_tokenizer
+
+    from eval.methods import get_method
+    from eval.run import EvalRunConfig  # noqa: F401  (its defaults are read at import, from the recipe itself)
+    from r3_env.protocol import FormatError, get_format, parse_step
+    from r3_env.protocol.multi_query import MultiQueryFormat
+    from r3_env.recipes import r2ag_agent
+    from r3_env.rewards import TopSurvivorConfig, top_survivor_config
+    from reward_server.app import _policy_renderer
+    from reward_server.config import RewardConfig
+
+    with pytest.raises(TypeError):
+        MultiQueryFormat()
+    with pytest.raises(TypeError):
+        TopSurvivorConfig()
+    written = load_recipe("r2ag").rollout_config()
+    step_format = get_format("multi_query")
+    assert {"max_base": step_format.max_base, "max_predicted": step_format.max_predicted} == (
+        written.policy.format_options
+    )
+    assert top_survivor_config() == TopSurvivorConfig(**written.reward.options)
+    # a recipe with other numbers: everything that reads R2AG's numbers follows it
+    text = (ROOT / "recipes" / "r2ag.yaml").read_text()
+    numbers = {"max_base": (4, 3), "max_predicted": (2, 1), "survivors_base": (4, 3), "survivors_predicted": (2, 1)}
+    for name, (old, new) in numbers.items():
+        assert f" {name}: {old} " in text
+        text = text.replace(f" {name}: {old} ", f" {name}: {new} ")
+    (tmp_path / "r2ag.yaml").write_text(text)
+    tokenizer = tmp_path / "tokenizer"
+    make_tokenizer(bpe_backend, CHATML_TEMPLATE).save_pretrained(tokenizer)
+    monkeypatch.setattr("r3_env.recipes.RECIPES_DIR", tmp_path)
+    r2ag_agent.cache_clear()
+    try:
+        expected = {name: new for name, (_, new) in numbers.items()}
+        fmt = get_format("multi_query")
+        assert (fmt.max_base, fmt.max_predicted) == (expected["max_base"], expected["max_predicted"])
+        step = "<think>a</think>\n" + "<base-query>q</base-query>\n" * 3
+        assert len(parse_step(step, "multi_query").queries) == 3
+        with pytest.raises(FormatError, match=r"at most 3 \(format_options\.max_base\)"):
+            parse_step(step + "<base-query>q</base-query>", "multi_query")
+        server = _policy_renderer(RewardConfig(step_format="multi_query", policy_tokenizer=str(tokenizer)))
+        assert (server.format.max_base, server.format.max_predicted) == (fmt.max_base, fmt.max_predicted)
+        reward = top_survivor_config()
+        assert (reward.survivors_base, reward.survivors_predicted) == (3, 1) and reward.alpha == 0.2
+        tree = get_method("rrt", None).settings()["tree"]
+        assert {name: tree[name] for name in numbers} == expected
+    finally:
+        monkeypatch.undo()
+        r2ag_agent.cache_clear()
 
 
 def test_the_progressive_driver_reads_the_recipe():

@@ -9,11 +9,11 @@ from r3_env.rewards import (
     Episode,
     Outcome,
     R3RewardConfig,
-    TopSurvivorConfig,
     available_schemes,
     get_scheme,
     is_concise,
     r3_step_rewards,
+    top_survivor_config,
     top_survivor_step_rewards,
     top_t_average_precision,
 )
@@ -257,7 +257,7 @@ def test_top_survivor_reward_table(episode, options, expected):
     rewards = scheme.step_rewards(episode)
     assert len(rewards) == episode.num_steps
     assert rewards == pytest.approx(expected)
-    assert top_survivor_step_rewards(episode, TopSurvivorConfig(**options)) == pytest.approx(expected)
+    assert top_survivor_step_rewards(episode, top_survivor_config(**options)) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize(
@@ -288,7 +288,7 @@ def test_top_survivor_declares_and_checks_what_it_needs():
     with pytest.raises(ValueError, match="survivors_base must be at least 1"):
         get_scheme("top_survivor", survivors_base=0)
     with pytest.raises(ValueError, match="survivors_predicted"):
-        TopSurvivorConfig(survivors_predicted=-1)
+        top_survivor_config(survivors_predicted=-1)
     with pytest.raises(ValueError, match="gold_ids"):
         scheme.step_rewards(Episode(Outcome.NO_ANSWER, [0.0], new_gold=[0], branches=[[MISS]]))
     with pytest.raises(ValueError, match="branches has 2 entries for 1 retrieval steps"):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Any
 
 from r3_env.data import Passage
 from r3_env.protocol.base import (
@@ -31,6 +32,7 @@ from r3_env.protocol.base import (
     render_document_blocks,
     tag_blocks,
 )
+from r3_env.recipes import r2ag_agent
 
 THINK, BASE, PREDICTED, STOP = "think", "base-query", "predicted-query", "<stop-retrieval>"
 _BLOCK = re.compile(rf"<({THINK}|{BASE}|{PREDICTED})>(.*?)</\1>|{re.escape(STOP)}", re.DOTALL)
@@ -40,12 +42,13 @@ _DOCUMENTS = "Documents retrieved at step {n}:"
 
 
 class MultiQueryFormat(StepFormat):
-    """R2AG's think / base-query / predicted-query / stop-retrieval step; limits are the format's options."""
+    """R2AG's think / base-query / predicted-query / stop-retrieval step; limits are the format's options
+    (``get_format("multi_query")`` takes those it is not given from R2AG's recipe: :func:`multi_query_format`)."""
 
     name = "multi_query"
     expands_from_context = True
 
-    def __init__(self, max_base: int = 4, max_predicted: int = 2) -> None:
+    def __init__(self, max_base: int, max_predicted: int) -> None:
         if max_base < 1 or max_predicted < 0:
             raise ValueError(
                 f"multi_query: max_base must be at least 1 and max_predicted 0 or more, got {max_base}, {max_predicted}"
@@ -158,4 +161,9 @@ class MultiQueryFormat(StepFormat):
         return None  # the steering model never answers
 
 
-register_format("multi_query", MultiQueryFormat)
+def multi_query_format(**options: Any) -> MultiQueryFormat:
+    """The format with ``options`` over R2AG's recipe's limits (recipes/r2ag.yaml: policy.format_options)."""
+    return MultiQueryFormat(**{**r2ag_agent().policy.format_options, **options})
+
+
+register_format("multi_query", multi_query_format)
