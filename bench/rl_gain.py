@@ -63,6 +63,7 @@ sys.path.insert(0, str(ROOT))
 from ppo_ablation import parse_settings  # noqa: E402
 
 from demo.run import Demo  # noqa: E402
+from eval.compare import paired_bootstrap, question_scores, question_set  # noqa: E402
 from r3_env.config import ConfigError  # noqa: E402
 
 logger = logging.getLogger("rl_gain")
@@ -80,26 +81,6 @@ BM25 = "bm25"
 
 
 # -- statistics ---------------------------------------------------------------------------------
-
-
-def paired_bootstrap(
-    arm: Sequence[float], base: Sequence[float], resamples: int = 2000, seed: int = 0
-) -> dict[str, float]:
-    """The mean of ``arm - base`` over paired questions and its bootstrap 95% CI (percentiles of the mean
-    difference over ``resamples`` resamples of the questions, with replacement, from a fixed seed)."""
-    import numpy as np
-
-    if len(arm) != len(base):
-        raise ValueError(f"paired samples differ in length: {len(arm)} and {len(base)}")
-    if not len(arm):
-        return {"mean": float("nan"), "lo": float("nan"), "hi": float("nan"), "n": 0}
-    diff = np.asarray(arm, dtype=float) - np.asarray(base, dtype=float)
-    picks = np.random.default_rng(seed).integers(0, len(diff), size=(resamples, len(diff)))
-    means = diff[picks].mean(axis=1)
-    mean = float(diff.mean())
-    lo, hi = (float(v) for v in np.percentile(means, [2.5, 97.5]))
-    # the percentiles of a constant are that constant up to rounding: keep lo <= mean <= hi exact
-    return {"mean": mean, "lo": min(lo, mean), "hi": max(hi, mean), "n": len(diff)}
 
 
 def seed_mean(per_seed: Sequence[dict[str, dict[str, Any]]], key: str, metric: str) -> float | None:
@@ -191,55 +172,6 @@ def format_table(rows: list[dict[str, Any]], note: str = "") -> str:
 
 
 # -- per-question scores ------------------------------------------------------------------------
-
-
-def question_key(dataset: str, question_id: str) -> str:
-    return f"{dataset}/{question_id}"
-
-
-def question_set(data: str, max_questions: int) -> dict[str, dict[str, str]]:
-    """The compared questions (the first ``max_questions`` of each dataset, 0: all): key -> dataset and type."""
-    from r3_env.runs import dataset_paths, load_questions
-
-    return {
-        question_key(q.dataset, q.item.id): {"dataset": q.dataset, "type": str(q.item.metadata.get("type") or "-")}
-        for q in load_questions(dataset_paths(data), max_questions)
-    }
-
-
-def question_scores(run: Path, questions: dict[str, dict[str, str]]) -> dict[str, dict[str, Any]]:
-    """Each asked question's metrics in an evaluation run at its step limit; a question with no row (it failed)
-    counts as unanswered and wrong, with no documents."""
-    from eval.metrics import question_metrics, step_limit
-    from eval.run import read_manifest
-    from eval.score import read_predictions
-
-    manifest = read_manifest(run)
-    limit = step_limit(manifest)
-    answers = manifest.get("method") != "single_shot"  # retrieval only: no answer to score
-    scores = {}
-    for row in read_predictions(run):
-        key = question_key(row["dataset"], row["question_id"])
-        if key not in questions:
-            continue
-        metric = question_metrics(row, limit, None)
-        retrieval = metric["retrieval"] or {}
-        scores[key] = {
-            "em": metric["em"] if answers else None,
-            "f1": metric["f1"] if answers else None,
-            "full_recall": retrieval.get("full_recall"),
-            "docs": float(metric["docs"]),
-            "answered": metric["answered"] if answers else None,
-            "format_error": float("invalid" in row) if answers else None,
-        }
-    missing = [key for key in questions if key not in scores]
-    if missing:
-        logger.warning("%s: %d of %d questions have no row (failed): counted wrong", run, len(missing), len(questions))
-    for key in missing:
-        scores[key] = {"em": 0.0, "f1": 0.0, "full_recall": 0.0, "docs": 0.0, "answered": 0.0, "format_error": 0.0}
-        if not answers:
-            scores[key].update(em=None, f1=None, answered=None, format_error=None)
-    return scores
 
 
 def seed_summary(result: dict[str, Any]) -> dict[str, Any]:

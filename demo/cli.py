@@ -15,10 +15,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "demo",
         [("", DemoConfig)],
         run,
-        help="train a tiny policy end to end on CPU (world, services, cold start, SFT, PPO, evaluation, report)",
+        help="train SmolLM2 end to end on CPU (world, services, cold start, SFT, PPO, evaluation, report)",
         description="Runs the whole pipeline on the synthetic world (with --data, on real questions split by id) and "
         "writes OUT/report.html: the untrained, SFT and PPO policies side by side, the training curves and every "
-        "evaluated trajectory. About 9 minutes on 2 CPU cores with the tiny model (--quick: 1.5). Rerun to resume "
+        "evaluated trajectory. By default SmolLM2-135M-Instruct, evaluated and sampled through vLLM's CPU build "
+        "(bash scripts/setup_vllm.sh); it prints its plan with an estimate per stage first. --quick runs the same path "
+        "on a small budget, --model tiny-random a 1.3M-parameter random model for path checks. Rerun to resume "
         "after an interruption.",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace a demo run with other settings in --out")

@@ -56,8 +56,23 @@ class Budget:
 
 
 @dataclass(frozen=True)
+class Costs:
+    """What one unit of each stage takes on 2 CPU cores (measured; docs/results.md): the demo's plan."""
+
+    prepare_s: float  # world, index, services, cold start, the model, SFT data
+    sft_example_s: float  # one SFT example, one epoch
+    eval_start_s: float  # an evaluation's fixed cost (its engine starting)
+    eval_question_s: float  # one question of a trained policy (the untrained one fails at its first step)
+    untrained_question_s: float
+    rl_start_s: float  # the RL stage's fixed cost (models, a vLLM server)
+    rl_episode_s: float  # one sampled episode, trained on
+    sft_keep: float  # the share of cold-start questions the teacher keeps (the SFT examples before they exist)
+
+
+@dataclass(frozen=True)
 class ModelRecipe:
-    """How the demo trains one kind of policy: its budgets (full and ``--quick``) and optimiser settings.
+    """How the demo trains one kind of policy: its budgets (full and ``--quick``), model and optimiser settings,
+    and what each stage costs.
 
     A random tiny model needs a large learning rate and many epochs to learn the protocol at all; a
     pre-trained instruct model needs small steps, and each of its steps costs a hundred times more.
@@ -67,6 +82,8 @@ class ModelRecipe:
     quick: Budget
     sft: dict[str, Any]
     ppo: dict[str, Any]
+    costs: Costs
+    model: dict[str, Any] = field(default_factory=dict)  # r3rag train local's model settings
     # SFT and actor learning rates are multiplied by this when the policy trains through LoRA adapters
     # (--lora_rank): adapters start at zero and need about ten times full fine-tuning's rate
     # (Schulman et al., "LoRA Without Regret", 2025); a tiny random model is never trained that way.
@@ -94,28 +111,62 @@ TINY = ModelRecipe(
     ),
     sft={"lr": 3e-3, "batch_size": 8, "micro_batch_size": 8},
     ppo={"micro_batch_size": 8, "train_batch_size": 16, "actor_lr": 2e-5, "critic_lr": 1e-3, "critic_warmup": 2},
+    costs=Costs(
+        prepare_s=15,
+        sft_example_s=0.12,
+        eval_start_s=2,
+        eval_question_s=0.2,
+        untrained_question_s=0.05,
+        rl_start_s=5,
+        rl_episode_s=0.45,
+        sft_keep=0.8,
+    ),
 )
 PRETRAINED = ModelRecipe(
     full=Budget(
         entities=2000,
-        coldstart_questions=160,
-        sft_epochs=2,
-        ppo_iterations=6,
+        coldstart_questions=320,  # about 235 examples: twice the questions at half the epochs of 160 x 2
+        sft_epochs=1,
+        ppo_iterations=3,
         rollout_batch_size=4,
         n_samples_per_prompt=4,
-        eval_questions=30,  # about 15 s a question for SmolLM2 on 2 cores
+        eval_questions=100,
     ),
     quick=Budget(
         entities=200,
         coldstart_questions=16,
         sft_epochs=1,
-        ppo_iterations=2,  # the first warms the critic up; the second trains the actor
+        ppo_iterations=2,
         rollout_batch_size=2,
         n_samples_per_prompt=2,
         eval_questions=4,
     ),
-    sft={"lr": 5e-5, "batch_size": 8, "micro_batch_size": 2},
-    ppo={"micro_batch_size": 2, "train_batch_size": 16, "actor_lr": 1e-6, "critic_lr": 9e-6, "critic_warmup": 1},
+    # SFT and RL train SmolLM2's last 10 of 30 layers under bf16 autocast: 3.15x faster steps than full fp32
+    # (bench/sft_speed.py), which is what fits the demo's SFT in minutes on 2 cores
+    model={"mixed_precision": "bf16", "trainable_layers": 10},
+    # lr 4e-4: at 1e-4 the partly trained policy kept retrieving to the step limit (5% answered on seed 1's world)
+    sft={"lr": 4e-4, "batch_size": 8, "micro_batch_size": 2},
+    # critic-free (REINFORCE++: per-step returns normalised over the batch): a critic would double the training
+    # compute; sampled at 0.7, where SmolLM2's sampled episodes are right often enough to reinforce
+    ppo={
+        "micro_batch_size": 2,
+        "train_batch_size": 16,
+        "actor_lr": 1e-6,
+        "critic_lr": 9e-6,
+        "critic_warmup": 0,
+        "estimator": "reinforce",
+        "temperature": 0.7,
+    },
+    costs=Costs(
+        prepare_s=45,
+        sft_example_s=2.6,
+        eval_start_s=60,
+        eval_question_s=1.6,
+        untrained_question_s=0.3,
+        rl_start_s=60,
+        rl_episode_s=4.0,
+        sft_keep=0.73,
+    ),
     lora_lr_scale=10.0,
 )
 # A pre-trained model on real questions (--data): every train question the evidence teacher keeps,
@@ -141,6 +192,16 @@ REAL = ModelRecipe(
     ),
     sft={"lr": 5e-5, "batch_size": 8, "micro_batch_size": 2},
     ppo={"micro_batch_size": 2, "train_batch_size": 16, "actor_lr": 1e-6, "critic_lr": 9e-6, "critic_warmup": 1},
+    costs=Costs(
+        prepare_s=60,
+        sft_example_s=4.0,
+        eval_start_s=40,
+        eval_question_s=1.0,
+        untrained_question_s=0.3,
+        rl_start_s=60,
+        rl_episode_s=15.0,
+        sft_keep=0.76,
+    ),
     lora_lr_scale=10.0,
 )
 
@@ -203,10 +264,10 @@ METHODS = {
 class DemoConfig:
     out: str = field(default="demo_out", metadata={"help": "folder for everything the demo writes"})
     model: str = field(
-        default="tiny-random",
+        default="smollm2-135m-instruct",
         metadata={
-            "help": "the policy: tiny-random (the model factory), smollm2-135m-instruct (a real instruct model, "
-            "r3rag model list), or a local HF model folder"
+            "help": "the policy: smollm2-135m-instruct (a real instruct model, r3rag model list), tiny-random (a "
+            "1.3M-parameter random model from the model factory, for path checks), or a local HF model folder"
         },
     )
     recipe: str = field(
@@ -237,17 +298,18 @@ class DemoConfig:
         },
     )
     eval_engine: str = field(
-        default="hf",
+        default="auto",
         metadata={
-            "help": "engine of the evaluations: hf (transformers, in this process) or vllm (vLLM's CPU or GPU build "
-            "in --vllm_python's env, bash scripts/setup_vllm.sh)"
+            "help": "engine of the evaluations: hf (transformers, in this process), vllm (vLLM's CPU or GPU build "
+            "in --vllm_python's env, bash scripts/setup_vllm.sh) or auto (vllm for a pre-trained model's full run, "
+            "hf for the tiny model and --quick, where vLLM's start costs more than it saves)"
         },
     )
     rollout_engine: str = field(
-        default="hf",
+        default="auto",
         metadata={
-            "help": "engine of the PPO rollouts: hf (generate in the trainer) or vllm (a vLLM server from "
-            "--vllm_python's env, the actor's weights reloaded into it after each update)"
+            "help": "engine of the RL rollouts: hf (generate in the trainer), vllm (a vLLM server from "
+            "--vllm_python's env, the actor's weights reloaded into it after each update) or auto (as eval_engine)"
         },
     )
     vllm_python: str = field(
@@ -257,14 +319,18 @@ class DemoConfig:
 
     def __post_init__(self) -> None:
         from r3_env.model_registry import MODELS
+        from r3_env.train.model_factory import FACTORY_FILE
 
         if min(self.threads, self.sft_epochs, self.ppo_iterations, self.eval_questions, self.lora_rank) < 0:
             raise ValueError("threads and the overrides must be 0 or more")
         if self.sft_lr < 0 or self.actor_lr < 0:
             raise ValueError("sft_lr and actor_lr must be 0 (keep the recipe's) or positive")
         for name in ("eval_engine", "rollout_engine"):
-            if getattr(self, name) not in ("hf", "vllm"):
-                raise ValueError(f"{name}: {getattr(self, name)!r} is not hf or vllm")
+            if getattr(self, name) not in ("hf", "vllm", "auto"):
+                raise ValueError(f"{name}: {getattr(self, name)!r} is not hf, vllm or auto")
+            if getattr(self, name) == "auto":
+                tiny = self.model == "tiny-random" or (Path(self.model) / FACTORY_FILE).is_file()
+                object.__setattr__(self, name, "hf" if tiny or self.quick else "vllm")
         used = "vllm" in (self.eval_engine, self.rollout_engine)
         if used and not Path(self.vllm_python).is_file():
             raise ValueError(
@@ -362,6 +428,7 @@ class Demo:
         self.paths: dict[str, Path] = {}
         self.urls: dict[str, str] = {}
         self.data: DemoData | None = None  # set by the first stage
+        self.differences: dict[str, dict[str, float]] = {}  # EM of one policy minus another's, paired CI
 
     @classmethod
     def from_folder(cls, out: str | Path, **overrides: Any) -> tuple[Demo, dict[str, Any]]:
@@ -380,7 +447,64 @@ class Demo:
         started = time.perf_counter()
         yield
         self.stages[name] = round(time.perf_counter() - started, 1)
-        logger.info("== %s: %.1f s", title, self.stages[name])
+        plan = self.plan() if self.data else {}
+        if name not in plan:
+            logger.info("== %s: %.1f s", title, self.stages[name])
+            return
+        done = {*self.stages, "prepare"}  # prepare's stages are timed on their own; its estimate is spent
+        left = sum(seconds for stage, (seconds, _) in plan.items() if stage not in done)
+        logger.info(
+            "== %s: %.0f s (planned %.0f); about %s to go, done about %s",
+            title, self.stages[name], plan[name][0], _minutes(left), _clock(left),
+        )  # fmt: skip
+
+    def plan(self) -> dict[str, tuple[float, str]]:
+        """The stages from the evaluation of the untrained policy on: estimated seconds on 2 CPU cores (the model
+        recipe's costs) and what each does. ``prepare``, everything before, is done when the SFT data is."""
+        assert self.data is not None, "the plan needs the demo's data (sources() first)"
+        costs, budget = self.config.model_recipe.costs, self.budget
+        sft_data = self.paths.get("sft_data")
+        if sft_data is not None and sft_data.is_file():
+            examples = _count_lines(sft_data)
+        else:
+            asked = sum(_count_lines(Path(name)) for name in self.data.coldstart.split(","))
+            examples = round(costs.sft_keep * min(asked, budget.coldstart_questions or asked))
+        questions = sum(min(_count_lines(Path(name)), budget.eval_questions) for name in self.data.eval.split(","))
+        episodes = budget.ppo_iterations * budget.rollout_batch_size * budget.n_samples_per_prompt
+        # the costs are vLLM's; HF generate starts at once and generates about 4x slower (docs/benchmarks.md)
+        vllm = self.config.eval_engine == "vllm"
+        start, per_question = (costs.eval_start_s, 1.0) if vllm else (0.0, 4.0)
+        evaluation = start + questions * costs.eval_question_s * per_question
+        plan = {
+            "prepare": (costs.prepare_s, "world, index, services, cold start, model, SFT data"),
+            "eval_untrained": (
+                start + questions * costs.untrained_question_s * per_question,
+                f"evaluate the untrained policy on {questions} dev questions",
+            ),
+            "sft": (
+                examples * budget.sft_epochs * costs.sft_example_s,
+                f"SFT: {examples} examples x {budget.sft_epochs} epochs",
+            ),
+            "eval_sft": (evaluation, "evaluate the SFT policy"),
+            "ppo": (
+                (costs.rl_start_s if self.config.rollout_engine == "vllm" else 0.0) + episodes * costs.rl_episode_s,
+                f"RL: {budget.ppo_iterations} iterations, {episodes} episodes",
+            ),
+            "eval_ppo": (evaluation, "evaluate the RL policy"),
+        }
+        if self.config.method.no_retrieval_eval:
+            plan["eval_ppo_direct"] = (evaluation, "evaluate the RL policy answering without retrieval")
+        return plan
+
+    def log_plan(self) -> None:
+        plan = self.plan()
+        total = sum(seconds for seconds, _ in plan.values())
+        logger.info(
+            "plan (estimates for 2 CPU cores; %s, %s recipe): about %s, done about %s",
+            self.config.model, self.config.recipe, _minutes(total), _clock(total),
+        )  # fmt: skip
+        for name, (seconds, what) in plan.items():
+            logger.info("  %-16s %7s  %s", name, _minutes(seconds), what)
 
     def check_folder(self, overwrite: bool) -> None:
         """Refuse to mix two demos' settings in one folder (a rerun of the same one resumes)."""
@@ -392,9 +516,9 @@ class Demo:
         previous.setdefault("recipe", "r3")  # and before --recipe and --scheme
         previous.setdefault("scheme", "")
         previous.setdefault("lora_rank", 0)
-        defaults = dataclasses.asdict(DemoConfig())
-        for key in ("sft_lr", "actor_lr", "data", "eval_engine", "rollout_engine", "vllm_python"):  # and these
-            previous.setdefault(key, defaults[key])
+        defaults = {"sft_lr": 0.0, "actor_lr": 0.0, "data": "", "eval_engine": "hf", "rollout_engine": "hf"}
+        for key, value in {**defaults, "vllm_python": ""}.items():  # and these (engines then ran in HF generate)
+            previous.setdefault(key, value)
         if previous == dataclasses.asdict(self.config):
             return
         if not overwrite:
@@ -412,6 +536,7 @@ class Demo:
             "paths": {key: str(path) for key, path in self.paths.items()},
             "services": self.urls,
             "results": results,
+            "differences": self.differences,
         }
         (self.out / DEMO_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
@@ -514,6 +639,7 @@ class Demo:
         from r3_env.coldstart.sft_data import SFTDataConfig, build_sft_data
 
         out = trajectories.with_name("sft.jsonl")
+        self.paths["sft_data"] = out
         with self.stage("sft_data", "5b. SFT data (Algorithm 2)"):
             if not out.is_file():
                 build_sft_data(
@@ -552,7 +678,9 @@ class Demo:
             "out": str(self.out / "train"),
             "seed": self.config.seed,
             "threads": self.config.threads,
-            "model": {"policy": str(policy), "lora_rank": self.config.lora_rank},
+            # LoRA is the other way to train part of the model: it replaces the recipe's trainable layers
+            "model": {**recipe.model, "policy": str(policy), "lora_rank": self.config.lora_rank}
+            | ({"trainable_layers": 0} if self.config.lora_rank else {}),
             "sft": {"data": str(sft_data), "epochs": budget.sft_epochs, **sft},
             "ppo": {
                 "prompts": str(prompts),
@@ -615,6 +743,8 @@ class Demo:
         import os
         import subprocess
 
+        from eval.run import PREDICTIONS
+
         flags = [f"--{key}={value}" for key, value in settings.items()]
         flags += [f"--env.{key}={value}" for key, value in self.env.items() if not isinstance(value, bool)]
         flags += [f"--{'' if value else 'no-'}env.{key}" for key, value in self.env.items() if isinstance(value, bool)]
@@ -624,10 +754,14 @@ class Demo:
         log = Path(settings["out"]).with_suffix(".vllm.log")
         log.parent.mkdir(parents=True, exist_ok=True)
         env = {**vllm_cpu_env(), **os.environ}
+        total = sum(
+            min(_count_lines(Path(name)), settings["max_questions"] or 10**9) for name in settings["data"].split(",")
+        )
         with open(log, "a") as handle:
-            done = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, env=env)
-        if done.returncode != 0:
-            raise RuntimeError(f"the vLLM evaluation failed (exit {done.returncode}); its log: {log}")
+            process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env)
+            returncode = _follow(process, Path(settings["out"]) / PREDICTIONS, total, f"eval {settings['name']} (vLLM)")
+        if returncode != 0:
+            raise RuntimeError(f"the vLLM evaluation failed (exit {returncode}); its log: {log}")
 
     def train_ppo(self, config: Any, start: Path) -> Path:
         """PPO from ``start`` (resumes); with ``--rollout_engine vllm`` its rollouts come from a vLLM server of an
@@ -677,6 +811,25 @@ class Demo:
         ):
             yield retriever.url, reward.url
 
+    def compare(self, pairs: tuple[tuple[str, str], ...]) -> dict[str, dict[str, float]]:
+        """EM of each (policy, baseline) evaluated here, minus the baseline's on the same questions, with its
+        paired bootstrap 95% CI."""
+        from eval.compare import compare_runs, question_set
+
+        assert self.data is not None
+        questions = question_set(self.data.eval, self.budget.eval_questions)
+        return {
+            f"{arm} - {base}": compare_runs(self.paths[f"eval_{arm}"], self.paths[f"eval_{base}"], questions)
+            for arm, base in pairs
+        }
+
+    @property
+    def rl_title(self) -> str:
+        """The RL stage as the log names it: the method's, or PPO without a critic where the model recipe drops it."""
+        if self.config.model_recipe.ppo.get("estimator") == "reinforce" and self.config.method.recipe == "r3":
+            return "PPO with REINFORCE++ returns (no critic, per-step rewards)"
+        return self.config.method.title
+
     # -- the whole pipeline -----------------------------------------------------------------------
 
     def run(self, overwrite: bool = False) -> dict[str, Any]:
@@ -687,6 +840,7 @@ class Demo:
         self.out.mkdir(parents=True, exist_ok=True)
         self.write_record({})
         data = self.sources()
+        self.log_plan()
         index = self.index(data)
         retriever, reward = self.services(data, index)
         results: dict[str, Any] = {}
@@ -709,10 +863,11 @@ class Demo:
                 sft_policy = train_local(config, stages=("sft",))["sft"]
             with self.stage("eval_sft", "7. evaluate the SFT policy"):
                 results["sft"] = _summary(self.evaluate("sft", sft_policy, data.eval, *urls))
-            with self.stage("ppo", f"8. {self.config.method.title} from the SFT policy"):
+            with self.stage("ppo", f"8. {self.rl_title} from the SFT policy"):
                 ppo_policy = self.train_ppo(config, sft_policy)
             with self.stage("eval_ppo", "9. evaluate the PPO policy"):
                 results["ppo"] = _summary(self.evaluate("ppo", ppo_policy, data.eval, *urls))
+            self.differences = self.compare((("sft", "untrained"), ("ppo", "untrained"), ("ppo", "sft")))
             if self.config.method.no_retrieval_eval:
                 with self.stage("eval_ppo_direct", "9b. evaluate the PPO policy answering without retrieval"):
                     scores = self.evaluate("ppo_direct", ppo_policy, data.eval, *urls, eval_method="direct")
@@ -726,6 +881,34 @@ class Demo:
         self.paths.update(report=paths["html"], train=self.out / "train", sft_policy=sft_policy, ppo_policy=ppo_policy)
         self.write_record(results)
         return results
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def _clock(seconds_from_now: float) -> str:
+    return time.strftime("%H:%M", time.localtime(time.time() + seconds_from_now))
+
+
+def _count_lines(path: Path) -> int:
+    if not path.is_file():
+        return 0
+    with open(path, "rb") as handle:
+        return sum(1 for _ in handle)
+
+
+def _follow(process: Any, predictions: Path, total: int, desc: str) -> int:
+    """Wait for an evaluation in another process, showing the rows it appends to ``predictions`` (with an ETA);
+    its exit status."""
+    from tqdm import tqdm
+
+    with tqdm(total=total, initial=min(_count_lines(predictions), total), desc=desc, unit=" questions") as bar:
+        while process.poll() is None:
+            time.sleep(2.0)
+            bar.update(min(_count_lines(predictions), total) - bar.n)
+        bar.update(min(_count_lines(predictions), total) - bar.n)
+    return process.returncode
 
 
 def _summary(scores: dict[str, Any]) -> dict[str, Any]:
@@ -756,6 +939,11 @@ def format_summary(demo: Demo, results: dict[str, Any]) -> str:
         )
     from r3_env.train.metrics import read_metrics
 
+    if demo.differences:
+        questions = next(iter(demo.differences.values()))["n"]
+        lines.append(f"  EM difference on the same {questions} questions (paired bootstrap 95% CI):")
+        for pair, ci in demo.differences.items():
+            lines.append(f"    {pair:<18}{100 * ci['mean']:+6.1f}  ({100 * ci['lo']:+.1f} to {100 * ci['hi']:+.1f})")
     ppo = [row for row in read_metrics(demo.out / "train") if row["stage"] == "ppo"]
     if ppo:
         lines.append(

@@ -12,7 +12,9 @@ from conftest import ROOT, run_r3rag
 
 sys.path.insert(0, str(ROOT / "bench"))
 
-from rl_gain import build_table, format_table, paired_bootstrap
+from rl_gain import build_table, format_table
+
+from eval.compare import paired_bootstrap
 
 ARMS = ("sft", "sft_more", "rl_process", "rl_outcome", "rft")
 
@@ -70,7 +72,7 @@ def test_the_table_averages_seeds_per_question_and_groups_by_dataset_and_type():
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     out = tmp_path_factory.mktemp("rl-gain") / "demo"
-    result = run_r3rag("demo", "--quick", "--out", str(out), timeout=1200)
+    result = run_r3rag("demo", "--model", "tiny-random", "--quick", "--out", str(out), timeout=1200)
     assert result.returncode == 0, result.stderr[-3000:]
     return out
 

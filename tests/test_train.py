@@ -330,6 +330,44 @@ def test_lora_trains_only_its_adapters_and_saves_a_merged_policy(world, tmp_path
         ModelConfig(policy="p", lora_rank=-1)
 
 
+def test_the_last_layers_train_under_bf16_autocast_and_the_rest_stay_frozen(world, tmp_path):
+    """``model.trainable_layers`` and ``model.mixed_precision bf16``: a PPO step changes only the last layer and the
+    final norm, the actor computes in bf16 while its weights and log-probs stay fp32, the reference computes in bf16.
+    """
+    settings = ModelConfig(policy=str(world["policy"]), trainable_layers=1, mixed_precision="bf16")
+    trainer = make_trainer(world, tmp_path, settings, init_kl_coef=0.01, estimator="reinforce")
+    try:
+        trainer.load_prompts()
+        trainer.items = world["items"][:2]
+        right, wrong = trainer.items
+        plans = {right.question: gold_plan(right), wrong.question: [answer_step("A guess.", "Nobody Atall")]}
+        trainer.engine.script = Script(trainer.tokenizer, plans)  # one right and one wrong: the advantages differ
+        layers = len(trainer.actor.model.model.layers)
+        last = f"model.layers.{layers - 1}."
+        trainable = {n for n, p in trainer.actor.model.named_parameters() if p.requires_grad}
+        assert trainable and all(n.startswith(last) or n == "model.norm.weight" for n in trainable)
+        assert all(p.dtype == torch.float32 for p in trainer.actor.parameters())
+        ids = torch.tensor([[1, 2, 3, 4]])
+        log_probs = trainer.actor(ids, attention_mask=torch.ones_like(ids), return_logprobs=True)
+        assert log_probs.dtype == torch.float32
+        with torch.no_grad():
+            assert trainer.reference.model(ids).logits.dtype == torch.bfloat16
+        before = {n: p.detach().clone() for n, p in trainer.actor.model.named_parameters()}
+        values = trainer.step()
+        assert math.isfinite(values["policy_loss"]) and values["actor_trained"] == 1.0
+        after = dict(trainer.actor.model.named_parameters())
+        assert all(torch.equal(after[n], p) for n, p in before.items() if n not in trainable)
+        assert any(not torch.equal(after[n], before[n]) for n in trainable)
+    finally:
+        trainer.close()
+    with pytest.raises(ValueError, match="choose one way"):
+        ModelConfig(policy="p", trainable_layers=2, lora_rank=4)
+    with pytest.raises(ValueError, match="more than the model's"):
+        from r3_env.train.models import freeze_below
+
+        freeze_below(trainer.actor.model, layers + 1)
+
+
 def test_train_local_refuses_a_rerun_with_other_settings(world, tmp_path):
     from r3_env.train.local import LocalTrainConfig, check_config
 

@@ -83,11 +83,40 @@ def load_actor(path: str, config: ModelConfig, device: torch.device, trainable: 
         model = get_peft_model(model, lora)
         trainable, total = model.get_nb_trainable_parameters()
         logger.info("LoRA rank %d on %s: %d of %d parameters train", config.lora_rank, modules, trainable, total)
+    if trainable and config.trainable_layers:
+        freeze_below(model, config.trainable_layers)
+    if config.mixed_precision == "bf16":
+        autocast_bf16(model)
     actor = Actor(model)
     actor.packing_samples = False  # Actor sets it only when it loads the model itself (in bf16/fp16)
     if config.gradient_checkpointing:
         actor.gradient_checkpointing_enable()
     return actor
+
+
+def freeze_below(model: torch.nn.Module, trainable_layers: int) -> None:
+    """Train only the last ``trainable_layers`` decoder layers and the final norm; everything below (and the
+    embeddings, tied or not to the LM head) is frozen, so backward never reaches it."""
+    decoder = model.get_decoder()
+    layers = getattr(decoder, "layers", None)
+    if layers is None:
+        raise ValueError(f"model.trainable_layers: {type(model).__name__}'s decoder has no .layers to choose from")
+    if trainable_layers > len(layers):
+        raise ValueError(f"model.trainable_layers: {trainable_layers} is more than the model's {len(layers)} layers")
+    model.requires_grad_(False)
+    for module in (*layers[len(layers) - trainable_layers :], getattr(decoder, "norm", None)):
+        if module is not None:
+            module.requires_grad_(True)
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    logger.info("training the last %d of %d layers: %d of %d parameters", trainable_layers, len(layers), trained, total)
+
+
+def autocast_bf16(model: torch.nn.Module) -> None:
+    """Run ``model``'s forward under bf16 autocast (weights, gradients and optimizer stay fp32): mixed
+    precision as OpenRLHF's ``--bf16`` gives it on GPU. OpenRLHF's Actor casts the logits back to fp32."""
+    device_type = next(model.parameters()).device.type
+    model.forward = torch.autocast(device_type, dtype=torch.bfloat16)(model.forward)
 
 
 def load_critic(path: str, config: ModelConfig, device: torch.device) -> Any:
