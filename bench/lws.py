@@ -66,6 +66,7 @@ def main() -> None:
             started = time.perf_counter()
             config = DemoConfig(
                 out=str(out / f"{scheme}-seed{seed}"),
+                model="tiny-random",  # the policy its results were measured with (docs/results.md)
                 recipe="lws",
                 scheme="" if scheme == "lws" else scheme,
                 seed=seed,

