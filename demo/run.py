@@ -125,7 +125,7 @@ TINY = ModelRecipe(
 PRETRAINED = ModelRecipe(
     full=Budget(
         entities=2000,
-        coldstart_questions=320,  # about 235 examples: twice the questions at half the epochs of 160 x 2
+        coldstart_questions=320,  # about 255 examples: twice the questions at half the epochs of 160 x 2
         sft_epochs=1,
         ppo_iterations=3,
         rollout_batch_size=4,
@@ -164,7 +164,7 @@ PRETRAINED = ModelRecipe(
         eval_question_s=1.6,
         untrained_question_s=0.3,
         rl_start_s=60,
-        rl_episode_s=6.8,
+        rl_episode_s=9.4,
         sft_keep=0.8,
     ),
     lora_lr_scale=10.0,

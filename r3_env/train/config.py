@@ -42,7 +42,7 @@ class ModelConfig:
     mixed_precision: Literal["no", "bf16"] = field(
         default="no",
         metadata={
-            "help": "bf16: compute under torch.autocast with fp32 weights and optimizer (about 1.6x faster SFT steps "
+            "help": "bf16: compute under torch.autocast with fp32 weights and optimizer (2.08x faster SFT steps "
             "for SmolLM2 on AVX512-BF16 CPUs; bench/sft_speed.py)"
         },
     )
