@@ -292,6 +292,15 @@ def test_group_filter_keeps_only_questions_whose_samples_differ():
             PPOConfig(filter_groups=True, **settings)
 
 
+def script_one_right_one_wrong(trainer, world) -> None:
+    """Two prompts, one answered right and one wrong by the scripted engine: the advantages differ."""
+    trainer.load_prompts()
+    trainer.items = world["items"][:2]
+    right, wrong = trainer.items
+    plans = {right.question: gold_plan(right), wrong.question: [answer_step("A guess.", "Nobody Atall")]}
+    trainer.engine.script = Script(trainer.tokenizer, plans)
+
+
 def test_lora_trains_only_its_adapters_and_saves_a_merged_policy(world, tmp_path):
     """``model.lora_rank``: peft adapters on the actor, none on the reference; the saved policy is plain HF."""
     from transformers import AutoModelForCausalLM
@@ -301,11 +310,7 @@ def test_lora_trains_only_its_adapters_and_saves_a_merged_policy(world, tmp_path
     lora = ModelConfig(policy=str(world["policy"]), lora_rank=4, target_modules="q_proj,v_proj")
     trainer = make_trainer(world, tmp_path, lora, init_kl_coef=0.01, estimator="reinforce")
     try:
-        trainer.load_prompts()
-        trainer.items = world["items"][:2]
-        right, wrong = trainer.items
-        plans = {right.question: gold_plan(right), wrong.question: [answer_step("A guess.", "Nobody Atall")]}
-        trainer.engine.script = Script(trainer.tokenizer, plans)  # one right and one wrong: the advantages differ
+        script_one_right_one_wrong(trainer, world)
         trainable = {n for n, p in trainer.actor.named_parameters() if p.requires_grad}
         assert trainable and all("lora_" in n for n in trainable)
         assert not any("lora_" in n for n, _ in trainer.reference.named_parameters())
@@ -337,11 +342,7 @@ def test_the_last_layers_train_under_bf16_autocast_and_the_rest_stay_frozen(worl
     settings = ModelConfig(policy=str(world["policy"]), trainable_layers=1, mixed_precision="bf16")
     trainer = make_trainer(world, tmp_path, settings, init_kl_coef=0.01, estimator="reinforce")
     try:
-        trainer.load_prompts()
-        trainer.items = world["items"][:2]
-        right, wrong = trainer.items
-        plans = {right.question: gold_plan(right), wrong.question: [answer_step("A guess.", "Nobody Atall")]}
-        trainer.engine.script = Script(trainer.tokenizer, plans)  # one right and one wrong: the advantages differ
+        script_one_right_one_wrong(trainer, world)
         layers = len(trainer.actor.model.model.layers)
         last = f"model.layers.{layers - 1}."
         trainable = {n for n, p in trainer.actor.model.named_parameters() if p.requires_grad}

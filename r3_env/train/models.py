@@ -81,8 +81,8 @@ def load_actor(path: str, config: ModelConfig, device: torch.device, trainable: 
             bias="none",
         )
         model = get_peft_model(model, lora)
-        trainable, total = model.get_nb_trainable_parameters()
-        logger.info("LoRA rank %d on %s: %d of %d parameters train", config.lora_rank, modules, trainable, total)
+        trained, total = model.get_nb_trainable_parameters()
+        logger.info("LoRA rank %d on %s: %d of %d parameters train", config.lora_rank, modules, trained, total)
     if trainable and config.trainable_layers:
         freeze_below(model, config.trainable_layers)
     if config.mixed_precision == "bf16":
