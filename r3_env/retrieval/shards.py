@@ -130,6 +130,16 @@ def read_manifest(path: str | os.PathLike) -> dict:
     return manifest
 
 
+def _actor_exists(name: str) -> bool:
+    import ray
+
+    try:
+        ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        return False
+    return True
+
+
 class IndexShard:
     """One shard of a sharded index, loaded in a Ray actor; answers searches with global row ids."""
 
@@ -178,7 +188,8 @@ class ShardedIndex:
         actor = ray.remote(IndexShard)
         self.d, self.ntotal = int(spec["dim"]), int(spec["count"])
         self.higher_is_better = spec.get("metric", "inner_product") == "inner_product"
-        self.actors, self.owned = [], []
+        self.actors: list = []
+        self.owned: list[tuple[str, object]] = []  # (name, handle) of the actors this process created
         for number, entry in enumerate(spec["shards"]):
             name = f"shard-{tag}-{number}"
             try:
@@ -187,7 +198,7 @@ class ShardedIndex:
                 handle = actor.options(
                     name=name, namespace=NAMESPACE, get_if_exists=True, num_cpus=num_cpus, num_gpus=1 if gpu else 0
                 ).remote(str(path.parent / entry["path"]), int(entry["offset"]), nprobe, gpu)
-                self.owned.append(handle)
+                self.owned.append((name, handle))
             self.actors.append(handle)
         ray.get([handle.__ray_ready__.remote() for handle in self.actors])  # a bad shard file fails here
         logger.info("%d index shards ready (%d vectors of dim %d)", len(self.actors), self.ntotal, self.d)
@@ -199,9 +210,22 @@ class ShardedIndex:
         parts = ray.get([shard.search.remote(shared, k) for shard in self.actors])
         return merge_topk(parts, k, self.higher_is_better)
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Kill the shard actors this process created and wait until Ray has released their names.
+
+        ``ray.kill`` only asks for the kill; until the actor is gone its name still resolves, so a
+        manifest reopened right after would attach to a dying actor instead of starting a new one.
+        """
         import ray
 
-        for handle in self.owned:
+        names = [name for name, _ in self.owned]
+        for _, handle in self.owned:
             ray.kill(handle)
         self.owned = []
+        deadline = time.monotonic() + timeout_s
+        while names:
+            names = [name for name in names if _actor_exists(name)]
+            if names and time.monotonic() > deadline:
+                raise TimeoutError(f"Ray still lists the killed index shards {names} after {timeout_s:.0f} s")
+            if names:
+                time.sleep(0.05)
