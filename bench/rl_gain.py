@@ -232,14 +232,18 @@ class RLGain:
                     "temperature": self.args.rft_temperature}  # fmt: skip
         return common  # sft_more: its wall time is recorded, not fixed in advance
 
-    def read_result(self, arm: str, seed: int | None) -> dict[str, Any] | None:
+    def read_result(self, arm: str, seed: int | None, strict: bool = True) -> dict[str, Any] | None:
+        """The saved result, if any; one saved with other settings stops the run (``strict``) or is skipped."""
         path = self.folder(arm, seed) / RESULT
         if not path.is_file():
             return None
         result = json.loads(path.read_text())
         wanted = self.arm_settings(arm, seed)
         if result["settings"] != wanted:
-            sys.exit(f"{path} was trained with {result['settings']}, not {wanted}: give another --out")
+            if strict:
+                sys.exit(f"{path} was trained with {result['settings']}, not {wanted}: give another --out")
+            logger.warning("%s left out of the table: trained with %s, not %s", path, result["settings"], wanted)
+            return None
         return result
 
     def write_result(self, arm: str, seed: int | None, result: dict[str, Any]) -> None:
@@ -524,18 +528,20 @@ def main() -> None:
                 sys.exit(str(error))
             results[arm].append(result["scores"])
             per_seed[arm].append(seed_summary(result))
-        # every seed saved in OUT counts, those of earlier invocations too
-        for arm in ordered:
-            if arm == "sft":
-                continue
+        # every (arm, seed) saved in OUT counts, earlier invocations' too: an arm this invocation did not
+        # name joins the table when its settings match these (else it is left out, with a warning)
+        for arm in ARMS[1:]:
             for path in sorted(bench.folder(arm, None).glob(f"seed*/{RESULT}")):
                 seed = int(path.parent.name.removeprefix("seed"))
-                if seed not in args.seed_list and (saved := bench.read_result(arm, seed)) is not None:
+                if arm in ordered and seed in args.seed_list:
+                    continue
+                if (saved := bench.read_result(arm, seed, strict=arm in ordered)) is not None:
                     results[arm].append(saved["scores"])
                     per_seed[arm].append(seed_summary(saved))
         bm25, ks = bench.bm25_row(results)
     label = f"single-shot BM25 @K ({', '.join(f'{name} K={k}' for name, k in ks.items())})"
-    table_arms = {arm: results[arm] for arm in ARMS if arm in ordered} | {label: bm25}
+    ordered = [arm for arm in ARMS if arm in results]
+    table_arms = {arm: results[arm] for arm in ordered} | {label: bm25}
     rows = build_table(table_arms, bench.questions, args.resamples)
     world = "real-data eval split" if demo.config.data else "world dev"
     note = (f"{len(bench.questions)} {world} questions, greedy ({args.eval_engine}); RL arms: {bench.iterations} "

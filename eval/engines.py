@@ -250,10 +250,17 @@ def make_chat_engine(config: EngineConfig, generation: GenerationConfig, max_con
         )
     from transformers import AutoTokenizer
     from vllm import SamplingParams as VLLMSamplingParams
+    from vllm.platforms import current_platform
 
     from r3_env.engines import VLLMOfflineEngine
 
+    # vLLM's CPU worker cannot rewind a seeded request's generator ("CPU Generator does not use offset",
+    # an EngineDeadError mid-run): there, sampling draws from the engine's seeded generator instead
+    per_request_seed = not current_platform.is_cpu()
+
     def vllm_params(**values: Any) -> Any:
+        if not per_request_seed:
+            values.pop("seed", None)
         return VLLMSamplingParams(**values, skip_special_tokens=False)
 
     names = ("dtype", "tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "enforce_eager")

@@ -131,6 +131,17 @@ def test_every_arm_trains_from_the_sft_policy_and_the_table_has_their_rows_and_c
     assert json.loads((out / "rl_gain.json").read_text())["rows"] == summary["rows"]
     assert math.isfinite(summary["rows"][0]["mean"]["docs"])
 
+    # one arm and one seed named: the table is still rebuilt from every arm and seed saved in OUT
+    subset = command[:]
+    subset[subset.index("--arms") + 1], subset[subset.index("--seeds") + 1] = "rl_process", "1"
+    third = subprocess.run(subset, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert third.returncode == 0, third.stderr[-3000:]
+    rebuilt = json.loads((out / "rl_gain.json").read_text())
+    assert rebuilt["seeds"] == summary["seeds"] and rebuilt["arms"] == list(ARMS)
+    assert [(row["arm"], row["group"], row["mean"]) for row in rebuilt["rows"]] == [
+        (row["arm"], row["group"], row["mean"]) for row in summary["rows"]
+    ]
+
 
 @pytest.mark.slow
 def test_rft_fine_tunes_the_start_on_the_correct_episodes_it_sampled(demo, tmp_path, monkeypatch):

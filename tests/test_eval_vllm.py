@@ -63,6 +63,20 @@ def test_offline_vllm_engine(setup):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_seeded_sampling_survives_chunked_prefill_on_cpu(setup):
+    """Sampled evaluation (rft's, best-of-n's) with a seed: long concurrent prompts are prefilled in chunks."""
+    _, model = setup
+    result = subprocess.run(
+        [str(VLLM_PYTHON), str(ROOT / "tests" / "vllm_sampling_check.py"), str(model)],
+        capture_output=True, text=True, timeout=540, env={**os.environ, **vllm_cpu_env(), "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    lines = result.stdout.strip().splitlines()[-8:]
+    assert len(lines) == 8 and all(int(line.split()[0]) > 1000 and int(line.split()[1]) >= 1 for line in lines)
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_openai_engine_against_vllms_server(setup):
     root, model = setup
