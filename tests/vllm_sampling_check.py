@@ -26,7 +26,7 @@ async def sample(model: str) -> list[str]:
         EngineConfig(kind="vllm", model=model, dtype="float32", max_model_len=4096, enforce_eager=True),
         GenerationConfig(temperature=0.8, seed=3),
     )
-    prompts = [" ".join(f"word{number}x{k}" for k in range(700)) for number in range(8)]
+    prompts = [" ".join(f"word{number}x{k}" for k in range(350)) for number in range(8)]
     try:
         completions = await asyncio.gather(*(engine.complete(prompt, 16) for prompt in prompts))
     finally:
