@@ -540,8 +540,8 @@ def main() -> None:
                     per_seed[arm].append(seed_summary(saved))
         bm25, ks = bench.bm25_row(results)
     label = f"single-shot BM25 @K ({', '.join(f'{name} K={k}' for name, k in ks.items())})"
-    ordered = [arm for arm in ARMS if arm in results]
-    table_arms = {arm: results[arm] for arm in ordered} | {label: bm25}
+    listed = [arm for arm in ARMS if arm in results]  # this invocation's arms and every other arm saved in OUT
+    table_arms = {arm: results[arm] for arm in listed} | {label: bm25}
     rows = build_table(table_arms, bench.questions, args.resamples)
     world = "real-data eval split" if demo.config.data else "world dev"
     note = (f"{len(bench.questions)} {world} questions, greedy ({args.eval_engine}); RL arms: {bench.iterations} "
@@ -556,7 +556,7 @@ def main() -> None:
         table += f"- {arm}: " + "; ".join(cells) + "\n"
     out = Path(args.out)
     seeds = {arm: len(saved) for arm, saved in results.items()}
-    summary = {"demo": str(Path(args.demo).resolve()), "arms": ordered, "seeds": seeds,
+    summary = {"demo": str(Path(args.demo).resolve()), "arms": listed, "seeds": seeds,
                "questions": len(bench.questions), "episodes": bench.iterations * bench.per_iteration,
                "bm25_k": ks, "per_seed": per_seed, "rows": rows,
                "seconds": round(time.perf_counter() - started)}  # fmt: skip

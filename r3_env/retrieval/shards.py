@@ -223,9 +223,7 @@ class ShardedIndex:
             ray.kill(handle)
         self.owned = []
         deadline = time.monotonic() + timeout_s
-        while names:
-            names = [name for name in names if _actor_exists(name)]
-            if names and time.monotonic() > deadline:
+        while names := [name for name in names if _actor_exists(name)]:
+            if time.monotonic() > deadline:
                 raise TimeoutError(f"Ray still lists the killed index shards {names} after {timeout_s:.0f} s")
-            if names:
-                time.sleep(0.05)
+            time.sleep(0.05)
