@@ -2,10 +2,12 @@
 
     python bench/rl_gain.py --demo DEMO_OUT [--arms sft,sft_more,rl_process,rl_outcome,rft] [--seeds 0,1,2]
         [--episodes 256] [--dev_questions 200] [--set KEY=VALUE ...] [--eval_engine vllm]
-        [--rollout_engine vllm] [--sft_more_seconds S] [--resamples 2000] [--out DEMO_OUT/rl_gain]
+        [--rollout_engine vllm] [--sft_more_seconds S] [--resamples 2000] [--start POLICY] [--out DEMO_OUT/rl_gain]
 
 DEMO_OUT is a finished ``r3rag demo`` folder (the synthetic world, or real questions with ``--data``);
-its SFT policy is every arm's start. The arms:
+its SFT policy is every arm's start, or ``--start``'s saved policy: for example an earlier bench's
+``sft_more`` policy, to ask whether RL adds anything once more SFT has been spent (``sft_more`` then
+continues SFT from it). The arms:
 
 - ``sft``: the start itself (evaluated once: greedy decoding has no seed);
 - ``sft_more``: SFT continued on the demo's cold-start SFT data for the wall time the RL arms took at
@@ -15,14 +17,15 @@ its SFT policy is every arm's start. The arms:
 - ``rl_process``: PPO with the R3 reward (``reward.scheme r3``: per-step relevance, outcome-scaled);
 - ``rl_outcome``: PPO with the outcome reward (``reward.scheme outcome``), everything else equal;
 - ``rft``: rejection-sampling fine-tuning (expert iteration): the start samples the same number of
-  episodes on train questions (the demo's samples per question, temperature ``--rft_temperature``),
+  episodes on train questions (PPO's samples per question, temperature ``--rft_temperature``),
   the correct ones (the reward server's verdict) become SFT data (Algorithm 2) and the start is
   fine-tuned on them for the demo's SFT epochs.
 
 Every RL arm samples the same ``--episodes``: PPO runs ceil(episodes / (rollout_batch_size x
-n_samples_per_prompt)) iterations of the demo's batch; ``rft`` samples ceil(episodes / n_samples)
-questions n_samples times. ``--set`` (dotted ``r3rag train local`` keys, as bench/ppo_ablation.py's)
-applies to every arm that trains.
+n_samples_per_prompt)) iterations of its batch (the demo's, or ``--set``'s ppo.rollout_batch_size and
+ppo.n_samples_per_prompt); ``rft`` samples ceil(episodes / n_samples) questions n_samples times.
+``--set`` (dotted ``r3rag train local`` keys, as bench/ppo_ablation.py's) applies to every arm that
+trains.
 
 Each arm is evaluated greedy through the demo's evaluation (``--eval_engine``) on the same
 questions: the first ``--dev_questions`` of the world's dev set (200 by default), or every question of
@@ -204,12 +207,14 @@ class RLGain:
     def __init__(self, demo: Demo, record: dict[str, Any], args: argparse.Namespace, settings: dict[str, str]) -> None:
         self.demo, self.record, self.args, self.settings = demo, record, args, settings
         self.out = Path(args.out)
-        self.start = demo.finished_sft_policy()
+        self.start = Path(args.start) if args.start else demo.finished_sft_policy()
         self.data = demo.sources()
-        budget = demo.budget
-        self.per_iteration = budget.rollout_batch_size * budget.n_samples_per_prompt
+        # the batch PPO will run: the demo's, as --set changes it
+        ppo = demo.train_config(self.start, "", self.data.prompts, "", "").with_settings(settings).ppo
+        self.samples = ppo.n_samples_per_prompt
+        self.per_iteration = ppo.rollout_batch_size * self.samples
         self.iterations = math.ceil(args.episodes / self.per_iteration)
-        self.rft_questions = math.ceil(args.episodes / budget.n_samples_per_prompt)
+        self.rft_questions = math.ceil(args.episodes / self.samples)
         self.dev_questions = args.dev_questions if args.dev_questions is not None else (0 if demo.config.data else 200)
         self.questions = question_set(self.data.eval, self.dev_questions)
         # evaluation runs live in the demo's eval folder: named by this OUT, so two benches never share one
@@ -227,8 +232,7 @@ class RLGain:
         if arm in RL_SCHEMES:
             return {**common, "episodes": self.iterations * self.per_iteration, "iterations": self.iterations}
         if arm == "rft":
-            n = self.demo.budget.n_samples_per_prompt
-            return {**common, "episodes": self.rft_questions * n, "questions": self.rft_questions,
+            return {**common, "episodes": self.rft_questions * self.samples, "questions": self.rft_questions,
                     "temperature": self.args.rft_temperature}  # fmt: skip
         return common  # sft_more: its wall time is recorded, not fixed in advance
 
@@ -275,7 +279,7 @@ class RLGain:
     def train_rl(self, arm: str, seed: int) -> tuple[Path, float]:
         folder = self.folder(arm, seed)
         settings = {"seed": seed, "reward.scheme": RL_SCHEMES[arm], "ppo.iterations": self.iterations, **self.settings}
-        return self.timed(folder, lambda: self.demo.ppo_again(settings, folder / "train", self.urls))
+        return self.timed(folder, lambda: self.demo.ppo_again(settings, folder / "train", self.urls, self.start))
 
     def sft_config(self, data: Path | str, out: Path, seed: int, epochs: int) -> Any:
         config = self.demo.train_config(self.start, data, self.data.prompts, *self.urls)
@@ -362,7 +366,7 @@ class RLGain:
         from r3_env.train.local import train_local
 
         folder = self.folder("rft", seed)
-        samples = self.demo.budget.n_samples_per_prompt
+        samples = self.samples
 
         def train() -> Path:
             prompts = folder / "prompts.jsonl"
@@ -488,6 +492,11 @@ def main() -> None:
     )
     parser.add_argument("--rft_temperature", type=float, default=1.0, help="rft's sampling temperature")
     parser.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples of the questions")
+    parser.add_argument(
+        "--start",
+        default="",
+        help="every arm's start: a saved policy folder (default: the demo's SFT policy, DEMO/train/sft/policy)",
+    )
     parser.add_argument("--out", default="", help="default: DEMO/rl_gain")
     args = parser.parse_args()  # fmt: skip
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -502,13 +511,19 @@ def main() -> None:
         settings = parse_settings(args.set)
     except (ValueError, ConfigError) as error:
         sys.exit(f"--seeds / --set: {error}")
+    if args.start and not (Path(args.start) / "config.json").is_file():
+        sys.exit(f"--start {args.start}: no saved policy there (no config.json); give a policy folder, e.g. an "
+                 "earlier bench's OUT/sft_more/seed0/train/sft/policy")  # fmt: skip
     args.out = args.out or str(Path(args.demo) / "rl_gain")
     try:
         demo, record = Demo.from_folder(args.demo, eval_engine=args.eval_engine, rollout_engine=args.rollout_engine,
                                         vllm_python=args.vllm_python)  # fmt: skip
-        bench = RLGain(demo, record, args, settings)
     except ValueError as error:
         sys.exit(f"--demo: {error}")
+    try:
+        bench = RLGain(demo, record, args, settings)
+    except ValueError as error:  # an unfinished demo, or --set settings PPO refuses: the message names which
+        sys.exit(str(error))
     # sft first (every difference is to it), the RL arms before sft_more (it matches their wall time)
     ordered = sorted(set(arms) | {"sft"}, key=["sft", "rl_process", "rl_outcome", "rft", "sft_more"].index)
     jobs = [("sft", None)] + [(arm, seed) for arm in ordered if arm != "sft" for seed in args.seed_list]

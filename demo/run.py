@@ -795,13 +795,13 @@ class Demo:
             raise ValueError(f"{self.out} has no SFT policy yet ({sft_policy}): let its demo run finish first")
         return sft_policy
 
-    def ppo_again(self, settings: dict[str, Any], out: Path, urls: tuple[str, str]) -> Path:
-        """PPO from this finished demo's SFT policy into ``out`` (resumes), with the dotted ``r3rag train local``
-        settings given changed and the rest the demo's: the policy it ends with."""
-        sft_policy = self.finished_sft_policy()
+    def ppo_again(self, settings: dict[str, Any], out: Path, urls: tuple[str, str], start: Path | None = None) -> Path:
+        """PPO from ``start`` (default: this finished demo's SFT policy) into ``out`` (resumes), with the dotted
+        ``r3rag train local`` settings given changed and the rest the demo's: the policy it ends with."""
+        start = start or self.finished_sft_policy()
         data = self.data or self.sources()
-        config = self.train_config(sft_policy, "", data.prompts, *urls)  # PPO only, from the SFT policy
-        return self.train_ppo(config.with_settings({**settings, "out": str(out)}), sft_policy)
+        config = self.train_config(start, "", data.prompts, *urls)  # PPO only, from the start
+        return self.train_ppo(config.with_settings({**settings, "out": str(out)}), start)
 
     @contextmanager
     def serving(self) -> Iterator[tuple[str, str]]:

@@ -166,7 +166,7 @@ def test_rft_fine_tunes_the_start_on_the_correct_episodes_it_sampled(demo, tmp_p
 
     monkeypatch.setattr(RLGain, "sample", sample)
     args = argparse.Namespace(episodes=32, dev_questions=4, rft_temperature=1.0, seed_list=[0],
-                              sft_more_seconds=0.0, out=str(tmp_path))  # fmt: skip
+                              sft_more_seconds=0.0, start="", out=str(tmp_path))  # fmt: skip
     demo_run, record = Demo.from_folder(demo)
     bench = RLGain(demo_run, record, args, {})
     bench.urls = ("http://127.0.0.1:9", "http://127.0.0.1:9")  # SFT alone asks no service
@@ -176,3 +176,37 @@ def test_rft_fine_tunes_the_start_on_the_correct_episodes_it_sampled(demo, tmp_p
     config = json.loads((tmp_path / "rft" / "seed0" / "train" / "config.json").read_text())
     assert config["sft"]["data"] == str(tmp_path / "rft" / "seed0" / "sft.jsonl")
     assert config["model"]["policy"] == str(bench.start) and seconds > 0
+
+
+def test_a_start_without_a_saved_policy_is_refused_naming_the_flag(tmp_path):
+    command = [sys.executable, str(ROOT / "bench" / "rl_gain.py"), "--demo", str(tmp_path),
+               "--start", str(tmp_path / "nowhere")]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode != 0
+    assert f"--start {tmp_path / 'nowhere'}: no saved policy there" in result.stderr
+
+
+@pytest.mark.slow
+def test_another_start_and_a_group_batch_set_the_arms_start_and_their_iterations(demo, tmp_path):
+    """--start: every arm starts from that policy (here the demo's PPO policy); --set's batch (8 samples of one
+    question, a group baseline) sets the PPO iterations the episode budget buys."""
+    start = demo / "train" / "ppo" / "policy"
+    out = tmp_path / "from_ppo"
+    command = [sys.executable, str(ROOT / "bench" / "rl_gain.py"), "--demo", str(demo), "--arms", "rl_outcome",
+               "--seeds", "0", "--episodes", "16", "--dev_questions", "4", "--eval_engine", "hf",
+               "--start", str(start), "--out", str(out), "--resamples", "200",
+               "--set", "ppo.critic_warmup=0", "--set", "ppo.estimator=group_norm", "--set", "reward.placement=scalar",
+               "--set", "ppo.rollout_batch_size=1", "--set", "ppo.n_samples_per_prompt=8",
+               "--set", "ppo.train_batch_size=8"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=1800, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-5000:]
+    summary = json.loads((out / "rl_gain.json").read_text())
+    assert summary["episodes"] == 16 and summary["seeds"] == {"sft": 1, "rl_outcome": 1}
+    config = json.loads((out / "rl_outcome" / "seed0" / "train" / "config.json").read_text())
+    assert config["model"]["policy"] == str(start)
+    assert config["ppo"]["iterations"] == 2 and config["ppo"]["n_samples_per_prompt"] == 8
+    assert config["ppo"]["estimator"] == "group_norm"
+    for arm in ("sft", "rl_outcome/seed0"):
+        saved = json.loads((out / arm / "result.json").read_text())
+        assert saved["settings"]["start"] == str(start)
+    assert json.loads((out / "sft" / "result.json").read_text())["policy"] == str(start)
