@@ -207,7 +207,7 @@ class RLGain:
     def __init__(self, demo: Demo, record: dict[str, Any], args: argparse.Namespace, settings: dict[str, str]) -> None:
         self.demo, self.record, self.args, self.settings = demo, record, args, settings
         self.out = Path(args.out)
-        self.start = Path(args.start) if args.start else demo.finished_sft_policy()
+        self.start = Path(args.start).resolve() if args.start else demo.finished_sft_policy()
         self.data = demo.sources()
         # the batch PPO will run: the demo's, as --set changes it
         ppo = demo.train_config(self.start, "", self.data.prompts, "", "").with_settings(settings).ppo
@@ -464,7 +464,9 @@ class RLGain:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--demo", required=True, help="a finished demo's --out folder (its SFT policy is the start)")
+    parser.add_argument(
+        "--demo", required=True, help="a finished demo's --out folder (its SFT policy is the start unless --start)"
+    )
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
     parser.add_argument("--seeds", default="0,1,2", help="seeds of every arm but sft")
     parser.add_argument("--episodes", type=int, default=256, help="sampled episodes of each RL arm")
@@ -511,6 +513,9 @@ def main() -> None:
         settings = parse_settings(args.set)
     except (ValueError, ConfigError) as error:
         sys.exit(f"--seeds / --set: {error}")
+    fixed = {"ppo.iterations": "--episodes", "seed": "--seeds", "reward.scheme": "--arms"}
+    if taken := [f"{key} (set by {flag})" for key, flag in fixed.items() if key in settings]:
+        sys.exit(f"--set {', '.join(taken)}: the bench sets these for every arm; leave them out of --set")
     if args.start and not (Path(args.start) / "config.json").is_file():
         sys.exit(f"--start {args.start}: no saved policy there (no config.json); give a policy folder, e.g. an "
                  "earlier bench's OUT/sft_more/seed0/train/sft/policy")  # fmt: skip
@@ -520,9 +525,14 @@ def main() -> None:
                                         vllm_python=args.vllm_python)  # fmt: skip
     except ValueError as error:
         sys.exit(f"--demo: {error}")
+    if not args.start:
+        try:
+            demo.finished_sft_policy()
+        except ValueError as error:
+            sys.exit(f"--demo: {error}, or give --start POLICY")
     try:
         bench = RLGain(demo, record, args, settings)
-    except ValueError as error:  # an unfinished demo, or --set settings PPO refuses: the message names which
+    except ValueError as error:  # --set settings PPO refuses: the message names them
         sys.exit(str(error))
     # sft first (every difference is to it), the RL arms before sft_more (it matches their wall time)
     ordered = sorted(set(arms) | {"sft"}, key=["sft", "rl_process", "rl_outcome", "rft", "sft_more"].index)

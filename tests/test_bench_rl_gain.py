@@ -186,27 +186,37 @@ def test_a_start_without_a_saved_policy_is_refused_naming_the_flag(tmp_path):
     assert f"--start {tmp_path / 'nowhere'}: no saved policy there" in result.stderr
 
 
+def test_settings_the_bench_fixes_itself_are_refused_in_set(tmp_path):
+    command = [sys.executable, str(ROOT / "bench" / "rl_gain.py"), "--demo", str(tmp_path),
+               "--set", "ppo.iterations=3", "--set", "ppo.actor_lr=1e-6"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode != 0
+    assert "--set ppo.iterations (set by --episodes): the bench sets these" in result.stderr
+
+
 @pytest.mark.slow
 def test_another_start_and_a_group_batch_set_the_arms_start_and_their_iterations(demo, tmp_path):
-    """--start: every arm starts from that policy (here the demo's PPO policy); --set's batch (8 samples of one
-    question, a group baseline) sets the PPO iterations the episode budget buys."""
-    start = demo / "train" / "ppo" / "policy"
+    """--start: every arm starts from that policy (here the demo's PPO policy), sft_more's SFT too; --set's batch
+    (8 samples of one question, a group baseline) sets the PPO iterations the episode budget buys."""
+    start = (demo / "train" / "ppo" / "policy").resolve()
     out = tmp_path / "from_ppo"
-    command = [sys.executable, str(ROOT / "bench" / "rl_gain.py"), "--demo", str(demo), "--arms", "rl_outcome",
+    command = [sys.executable, str(ROOT / "bench" / "rl_gain.py"), "--demo", str(demo), "--arms", "rl_outcome,sft_more",
                "--seeds", "0", "--episodes", "16", "--dev_questions", "4", "--eval_engine", "hf",
-               "--start", str(start), "--out", str(out), "--resamples", "200",
+               "--start", str(start), "--out", str(out), "--resamples", "200", "--sft_more_seconds", "1",
                "--set", "ppo.critic_warmup=0", "--set", "ppo.estimator=group_norm", "--set", "reward.placement=scalar",
                "--set", "ppo.rollout_batch_size=1", "--set", "ppo.n_samples_per_prompt=8",
                "--set", "ppo.train_batch_size=8"]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=1800, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-5000:]
     summary = json.loads((out / "rl_gain.json").read_text())
-    assert summary["episodes"] == 16 and summary["seeds"] == {"sft": 1, "rl_outcome": 1}
+    assert summary["episodes"] == 16 and summary["seeds"] == {"sft": 1, "rl_outcome": 1, "sft_more": 1}
     config = json.loads((out / "rl_outcome" / "seed0" / "train" / "config.json").read_text())
     assert config["model"]["policy"] == str(start)
     assert config["ppo"]["iterations"] == 2 and config["ppo"]["n_samples_per_prompt"] == 8
     assert config["ppo"]["estimator"] == "group_norm"
-    for arm in ("sft", "rl_outcome/seed0"):
+    sft_more = json.loads((out / "sft_more" / "seed0" / "train" / "config.json").read_text())
+    assert sft_more["model"]["policy"] == str(start)  # more SFT continues from the start too
+    for arm in ("sft", "rl_outcome/seed0", "sft_more/seed0"):
         saved = json.loads((out / arm / "result.json").read_text())
         assert saved["settings"]["start"] == str(start)
     assert json.loads((out / "sft" / "result.json").read_text())["policy"] == str(start)
