@@ -525,11 +525,10 @@ def main() -> None:
                                         vllm_python=args.vllm_python)  # fmt: skip
     except ValueError as error:
         sys.exit(f"--demo: {error}")
-    if not args.start:
-        try:
-            demo.finished_sft_policy()
-        except ValueError as error:
-            sys.exit(f"--demo: {error}, or give --start POLICY")
+    try:  # the start, found once: RLGain reads it from args
+        args.start = args.start or str(demo.finished_sft_policy())
+    except ValueError as error:
+        sys.exit(f"--demo: {error}, or give --start POLICY")
     try:
         bench = RLGain(demo, record, args, settings)
     except ValueError as error:  # --set settings PPO refuses: the message names them
