@@ -31,10 +31,12 @@ Each arm is evaluated greedy through the demo's evaluation (``--eval_engine``) o
 questions: the first ``--dev_questions`` of the world's dev set (200 by default), or every question of
 the real-data eval split. Per question: EM, F1, Full-Recall, documents read, answered, format error.
 The table gives each arm's means per dataset and per question type (each question's score averaged
-over the arm's seeds first), each arm minus ``sft`` with a paired bootstrap 95% CI over the questions,
-and single-shot BM25 at the same documents as a row: the question as the one query, top-K with K the
-``rl_process`` arm's mean documents read per dataset (``sft``'s without it), retrieval only on the
-world (Full-Recall), read by the demo's untrained model on real questions (naive RAG, as
+over the arm's seeds first), each arm minus ``sft`` with a paired bootstrap 95% CI that resamples the
+questions and each arm's seeds (``eval.compare.seeded_paired_bootstrap``: a training run is itself a
+draw, and one SFT run's EM varies by about 5 points on the world), and single-shot BM25 at the same
+documents as a row: the question as the one query, top-K with K the ``rl_process`` arm's mean documents
+read per dataset (``sft``'s without it), retrieval only on the world (Full-Recall), read by the demo's
+untrained model on real questions (naive RAG, as
 bench/real_data_learning.py does).
 
 Each (arm, seed) trains into OUT/ARM/seedS/train (a rerun resumes) and keeps its per-question scores in
@@ -66,7 +68,7 @@ sys.path.insert(0, str(ROOT))
 from ppo_ablation import parse_settings  # noqa: E402
 
 from demo.run import Demo  # noqa: E402
-from eval.compare import paired_bootstrap, question_scores, question_set  # noqa: E402
+from eval.compare import question_scores, question_set, seeded_paired_bootstrap  # noqa: E402
 from r3_env.config import ConfigError  # noqa: E402
 
 logger = logging.getLogger("rl_gain")
@@ -88,8 +90,13 @@ BM25 = "bm25"
 
 def seed_mean(per_seed: Sequence[dict[str, dict[str, Any]]], key: str, metric: str) -> float | None:
     """One question's score averaged over an arm's seeds (None when no seed has it)."""
-    values = [rows[key][metric] for rows in per_seed if key in rows and rows[key].get(metric) is not None]
+    values = [rows[key][metric] for rows in per_seed if scored(rows, key, metric)]
     return statistics.fmean(values) if values else None
+
+
+def scored(rows: dict[str, dict[str, Any]], key: str, metric: str) -> bool:
+    """Whether one seed's scores have ``metric`` for question ``key`` (None: not defined there)."""
+    return key in rows and rows[key].get(metric) is not None
 
 
 def build_table(
@@ -129,11 +136,13 @@ def build_table(
                 row["mean"][metric] = statistics.fmean(values) if values else None
                 if base is None:
                     continue
-                theirs = {key: seed_mean(base, key, metric) for key in keys}
-                paired = [key for key in keys if mine[key] is not None and theirs[key] is not None]
+                paired = [key for key in keys if all(scored(rows, key, metric) for rows in (*per_seed, *base))]
                 if paired:
-                    row["diff"][metric] = paired_bootstrap(
-                        [mine[key] for key in paired], [theirs[key] for key in paired], resamples, seed
+                    row["diff"][metric] = seeded_paired_bootstrap(
+                        [[rows[key][metric] for key in paired] for rows in per_seed],
+                        [[rows[key][metric] for key in paired] for rows in base],
+                        resamples,
+                        seed,
                     )
             rows.append(row)
     return rows
@@ -570,7 +579,8 @@ def main() -> None:
     world = "real-data eval split" if demo.config.data else "world dev"
     note = (f"{len(bench.questions)} {world} questions, greedy ({args.eval_engine}); RL arms: {bench.iterations} "
             f"PPO iterations x {bench.per_iteration} episodes; Δ: arm minus sft, paired bootstrap 95% CI over the "
-            f"questions ({args.resamples} resamples), each question averaged over the arm's seeds first; BM25's K "
+            f"questions and each arm's seeds ({args.resamples} resamples), each question averaged over the arm's "
+            f"seeds first; BM25's K "
             f"matches {'rl_process' if 'rl_process' in results else 'sft'}'s documents read")  # fmt: skip
     table = format_table(rows, note)
     table += "\nEach seed's means over every question (EM %, F1 %, training wall time):\n\n"

@@ -16,19 +16,43 @@ def paired_bootstrap(
 ) -> dict[str, float]:
     """The mean of ``arm - base`` over paired questions and its bootstrap 95% CI (percentiles of the mean
     difference over ``resamples`` resamples of the questions, with replacement, from a fixed seed)."""
-    import numpy as np
-
     if len(arm) != len(base):
         raise ValueError(f"paired samples differ in length: {len(arm)} and {len(base)}")
-    if not len(arm):
+    return seeded_paired_bootstrap([arm], [base], resamples, seed)
+
+
+def seeded_paired_bootstrap(
+    arm: Sequence[Sequence[float]], base: Sequence[Sequence[float]], resamples: int = 2000, seed: int = 0
+) -> dict[str, float]:
+    """``paired_bootstrap`` of two arms trained at several seeds: ``arm[s][q]`` is seed ``s``'s score on
+    question ``q`` (the same questions in every seed of both arms).
+
+    Each resample draws the questions (paired: the same draw for both arms) and, independently, each arm's
+    seeds, all with replacement, so the CI carries the spread between training runs as well as between
+    questions. With one seed an arm that arm's run is held fixed, and with one seed each this is the
+    question bootstrap alone. Three seeds make a coarse draw: it understates the seed spread somewhat."""
+    import numpy as np
+
+    runs = {name: np.asarray(value, dtype=float) for name, value in (("arm", arm), ("base", base))}
+    for name, scores in runs.items():
+        if scores.ndim != 2 or not len(scores):
+            raise ValueError(f"{name}: give one list of per-question scores per seed, not shape {scores.shape}")
+    questions = runs["arm"].shape[1]
+    if runs["base"].shape[1] != questions:
+        raise ValueError(f"paired samples differ in length: {questions} and {runs['base'].shape[1]}")
+    if not questions:
         return {"mean": float("nan"), "lo": float("nan"), "hi": float("nan"), "n": 0}
-    diff = np.asarray(arm, dtype=float) - np.asarray(base, dtype=float)
-    picks = np.random.default_rng(seed).integers(0, len(diff), size=(resamples, len(diff)))
-    means = diff[picks].mean(axis=1)
-    mean = float(diff.mean())
-    lo, hi = (float(v) for v in np.percentile(means, [2.5, 97.5]))
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, questions, size=(resamples, questions))
+    means = {}
+    for name, scores in runs.items():
+        per_seed = scores[:, picks].mean(axis=2).T  # (resamples, seeds): each seed's mean over the drawn questions
+        seeds = rng.integers(0, len(scores), size=per_seed.shape)
+        means[name] = np.take_along_axis(per_seed, seeds, axis=1).mean(axis=1)
+    mean = float(runs["arm"].mean() - runs["base"].mean())
+    lo, hi = (float(v) for v in np.percentile(means["arm"] - means["base"], [2.5, 97.5]))
     # the percentiles of a constant are that constant up to rounding: keep lo <= mean <= hi exact
-    return {"mean": mean, "lo": min(lo, mean), "hi": max(hi, mean), "n": len(diff)}
+    return {"mean": mean, "lo": min(lo, mean), "hi": max(hi, mean), "n": questions}
 
 
 def question_key(dataset: str, question_id: str) -> str:

@@ -14,7 +14,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from rl_gain import build_table, format_table
 
-from eval.compare import paired_bootstrap
+from eval.compare import paired_bootstrap, seeded_paired_bootstrap
 
 ARMS = ("sft", "sft_more", "rl_process", "rl_outcome", "rft")
 
@@ -45,6 +45,25 @@ def test_the_ci_is_paired_fixed_by_its_seed_and_covers_the_mean():
         paired_bootstrap([1.0], [1.0, 0.0])
 
 
+def test_the_seeded_ci_carries_the_spread_between_seeds_and_is_the_question_ci_for_one_seed():
+    base = [float(i % 2) for i in range(60)]
+    arm = [float(i % 3 == 0) for i in range(60)]
+    assert seeded_paired_bootstrap([arm], [base], 500, 3) == paired_bootstrap(arm, base, 500, 3)
+    # seeds that agree add nothing to the question bootstrap
+    same = seeded_paired_bootstrap([arm, arm, arm], [base], 500, 3)
+    assert same["lo"] == pytest.approx(paired_bootstrap(arm, base, 500, 3)["lo"])
+    # seeds 0.4 apart on every question: averaging them first would hide that spread, resampling them shows it
+    low, high = [0.3 * a for a in arm], [0.3 * a + 0.4 for a in arm]
+    hidden = paired_bootstrap([(x + y) / 2 for x, y in zip(low, high, strict=True)], base, 500, 3)
+    shown = seeded_paired_bootstrap([low, high], [base], 500, 3)
+    assert shown["mean"] == pytest.approx(hidden["mean"]) and shown["n"] == 60
+    assert shown["hi"] - shown["lo"] > (hidden["hi"] - hidden["lo"]) + 0.2
+    with pytest.raises(ValueError, match="differ in length"):
+        seeded_paired_bootstrap([arm], [base[:10]])
+    with pytest.raises(ValueError, match="one list of per-question scores per seed"):
+        seeded_paired_bootstrap(arm, [base])  # type: ignore[arg-type]
+
+
 def _scores(em: float, docs: float = 2.0, full_recall: float | None = 1.0) -> dict:
     return {"em": em, "f1": em, "full_recall": full_recall, "docs": docs, "answered": 1.0, "format_error": 0.0}
 
@@ -61,11 +80,12 @@ def test_the_table_averages_seeds_per_question_and_groups_by_dataset_and_type():
     by = {(row["group"], row["arm"]): row for row in rows}
     assert by[("all", "rl_process")]["seeds"] == 2 and by[("all", "rl_process")]["questions"] == 3
     assert by[("all", "rl_process")]["mean"]["em"] == 0.5  # each question's seeds averaged first
-    assert by[("all", "rl_process")]["diff"]["em"] == {"mean": 0.5, "lo": 0.5, "hi": 0.5, "n": 3}
+    # the CI resamples the seeds too: one seed always right and one always wrong span the whole range
+    assert by[("all", "rl_process")]["diff"]["em"] == {"mean": 0.5, "lo": 0.0, "hi": 1.0, "n": 3}
     assert by[("all", "sft")]["diff"]["em"] == {"mean": 0.0, "lo": 0.0, "hi": 0.0, "n": 3}
     assert "em" not in by[("all", "bm25")]["diff"] and by[("all", "bm25")]["diff"]["docs"]["mean"] == 1.0
     text = format_table(rows, "a note")
-    assert "### a / x" in text and "| rl_process | 2 | 3 | 50.0 | +50.0 [+50.0, +50.0] |" in text
+    assert "### a / x" in text and "| rl_process | 2 | 3 | 50.0 | +50.0 [+0.0, +100.0] |" in text
     assert text.rstrip().endswith("a note")
 
 
