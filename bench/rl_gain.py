@@ -33,7 +33,7 @@ the real-data eval split. Per question: EM, F1, Full-Recall, documents read, ans
 The table gives each arm's means per dataset and per question type (each question's score averaged
 over the arm's seeds first), each arm minus ``sft`` with a paired bootstrap 95% CI that resamples the
 questions and each arm's seeds (``eval.compare.seeded_paired_bootstrap``: a training run is itself a
-draw, and one SFT run's EM varies by about 5 points on the world), and single-shot BM25 at the same
+draw, and one SFT run's EM varies by 2-5 points on the world), and single-shot BM25 at the same
 documents as a row: the question as the one query, top-K with K the ``rl_process`` arm's mean documents
 read per dataset (``sft``'s without it), retrieval only on the world (Full-Recall), read by the demo's
 untrained model on real questions (naive RAG, as

@@ -48,16 +48,21 @@ def test_the_ci_is_paired_fixed_by_its_seed_and_covers_the_mean():
 def test_the_seeded_ci_carries_the_spread_between_seeds_and_is_the_question_ci_for_one_seed():
     base = [float(i % 2) for i in range(60)]
     arm = [float(i % 3 == 0) for i in range(60)]
-    assert seeded_paired_bootstrap([arm], [base], 500, 3) == paired_bootstrap(arm, base, 500, 3)
-    # seeds that agree add nothing to the question bootstrap
-    same = seeded_paired_bootstrap([arm, arm, arm], [base], 500, 3)
-    assert same["lo"] == pytest.approx(paired_bootstrap(arm, base, 500, 3)["lo"])
+    # one seed each: the question bootstrap, as eval.compare computed it before seeds were resampled
+    question_only = {"mean": -1 / 6, "lo": -1 / 3, "hi": 0.0, "n": 60}
+    assert seeded_paired_bootstrap([arm], [base], 500, 3) == pytest.approx(question_only)
+    assert paired_bootstrap(arm, base, 500, 3) == pytest.approx(question_only)
+    # seeds that agree add nothing to the question bootstrap, in either arm
+    assert seeded_paired_bootstrap([arm, arm, arm], [base, base], 500, 3) == pytest.approx(question_only)
     # seeds 0.4 apart on every question: averaging them first would hide that spread, resampling them shows it
     low, high = [0.3 * a for a in arm], [0.3 * a + 0.4 for a in arm]
     hidden = paired_bootstrap([(x + y) / 2 for x, y in zip(low, high, strict=True)], base, 500, 3)
     shown = seeded_paired_bootstrap([low, high], [base], 500, 3)
     assert shown["mean"] == pytest.approx(hidden["mean"]) and shown["n"] == 60
     assert shown["hi"] - shown["lo"] > (hidden["hi"] - hidden["lo"]) + 0.2
+    # the base's seeds are resampled too
+    from_base = seeded_paired_bootstrap([base], [low, high], 500, 3)
+    assert from_base["hi"] - from_base["lo"] > (hidden["hi"] - hidden["lo"]) + 0.2
     with pytest.raises(ValueError, match="differ in length"):
         seeded_paired_bootstrap([arm], [base[:10]])
     with pytest.raises(ValueError, match="one list of per-question scores per seed"):
