@@ -16,8 +16,6 @@ def paired_bootstrap(
 ) -> dict[str, float]:
     """The mean of ``arm - base`` over paired questions and its bootstrap 95% CI (percentiles of the mean
     difference over ``resamples`` resamples of the questions, with replacement, from a fixed seed)."""
-    if len(arm) != len(base):
-        raise ValueError(f"paired samples differ in length: {len(arm)} and {len(base)}")
     return seeded_paired_bootstrap([arm], [base], resamples, seed)
 
 
