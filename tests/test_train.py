@@ -597,6 +597,7 @@ def test_a_collapsing_run_warns_and_keeps_the_best_policy_by_dev_reward(world, t
         trainer.metrics.close()
         trainer.close()
 
+    assert not (tmp_path / "run" / "ppo" / "checkpoint.pt").exists()  # resumed from above, superseded by the policy
     rows = [row for row in read_metrics(tmp_path / "run") if row["stage"] == "ppo"]
     dev = {row["step"]: row["dev_reward"] for row in rows}
     assert sorted(dev) == list(range(7))

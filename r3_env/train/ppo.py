@@ -33,8 +33,8 @@ iteration, every ``eval_every`` iterations and after the last, through the same 
 
 Checkpoints (``ppo/checkpoint.pt``: both models, optimizers, schedulers, the KL coefficient,
 the data position, the RNG, the best dev reward so far and the health monitor's history) are
-written every ``save_every`` iterations and at the end; a rerun resumes from the last. The final
-policy is ``ppo/policy``.
+written every ``save_every`` iterations and after the last; a rerun resumes from the last. The final
+policy is ``ppo/policy``; once it is saved the checkpoint is deleted, as SFT's is.
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ from r3_env.train.models import (
 
 logger = logging.getLogger(__name__)
 
+CHECKPOINT_FILE = "checkpoint.pt"  # in ppo/: the state a rerun resumes from, until the final policy is saved
 BEST_FILE = "best.json"  # in ppo/best_policy: the iteration and dev reward of the policy kept there
 
 
@@ -494,6 +495,7 @@ class PPOTrainer:
                 self.save()
         save_policy(self.actor.model, self.tokenizer, final)
         (self.folder / DONE_FILE).write_text(json.dumps({"iterations": self.iteration}) + "\n")
+        (self.folder / CHECKPOINT_FILE).unlink(missing_ok=True)  # the final policy supersedes it (1.6 GB at 135M)
         logger.info("PPO done: %d iterations -> %s", self.iteration, final)
         return final
 
@@ -515,10 +517,10 @@ class PPOTrainer:
                 critic_optim=self.critic_optim.state_dict(),
                 critic_sched=self.critic_sched.state_dict(),
             )
-        save_state(self.folder / "checkpoint.pt", state)
+        save_state(self.folder / CHECKPOINT_FILE, state)
 
     def resume(self) -> bool:
-        state = load_state(self.folder / "checkpoint.pt")
+        state = load_state(self.folder / CHECKPOINT_FILE)
         if state is None:
             return False
         self.actor.model.load_state_dict(state["actor"])
@@ -538,7 +540,7 @@ class PPOTrainer:
                 self.best = on_disk
         self.health.load_state_dict(state.get("health") or {})
         set_rng_state(state["rng"])
-        logger.info("PPO resumes after iteration %d from %s", self.iteration, self.folder / "checkpoint.pt")
+        logger.info("PPO resumes after iteration %d from %s", self.iteration, self.folder / CHECKPOINT_FILE)
         return True
 
     def close(self) -> None:
