@@ -5,8 +5,8 @@ episodes, ``ppo.eval_prompts``), losses, retrievals per episode (RC), steps and 
 episode, and where each iteration's time went. SFT's loss is per optimizer step.
 
 The Health group (:mod:`r3_env.train.health`) charts the signs of a policy going wrong: the shares
-of unanswered episodes and format errors, of blank, repeated and copied queries, the KL to the
-reference and the entropy, with the monitor's warnings from ``ppo/health.jsonl`` below them and
+of unanswered episodes and format errors, of blank, repeated and copied queries, the retrievals per
+episode, the KL to the reference and the entropy, with the monitor's warnings from ``ppo/health.jsonl`` below them and
 the best policy's iteration and dev reward from ``ppo/best_policy/best.json``.
 
 A staged reward (``lws``, "Learning when to search") switches to
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from r3_env.rewards import get_scheme
-from r3_env.train.health import SHARES, SPIKES, read_warnings
+from r3_env.train.health import DRIFTS, SHARES, SPIKES, read_warnings
 from r3_env.train.metrics import read_metrics
 
 logger = logging.getLogger(__name__)
@@ -84,10 +84,11 @@ HEALTH_CHARTS: list[tuple[str, str, str, list[tuple[str, str]], bool]] = [
         ],
         True,
     ),
+    ("ppo", "Retrievals per episode (drift)", "RC", [("retrievals", "retrievals")], False),
     ("ppo", "KL to the reference policy", "KL", [("kl", "KL")], False),
     ("ppo", "Policy entropy", "nats per token", [("entropy", "entropy")], False),
 ]
-SIGNS = {**SHARES, **SPIKES}
+SIGNS = {**SHARES, **DRIFTS, **SPIKES}
 BEST_FILE = "ppo/best_policy/best.json"  # r3_env.train.ppo.BEST_FILE in the PPO folder
 HEALTH_FILE = "ppo/health.jsonl"
 MAX_WARNING_ROWS = 40
@@ -206,7 +207,7 @@ def training_markdown(charts: list[dict[str, Any]]) -> list[str]:
     if health:
         lines += ["", "### Health warnings", ""]
         if not warnings:
-            lines.append("No warnings: no share rose and neither KL nor entropy spiked.")
+            lines.append("No warnings: no share rose, retrievals per episode held, neither KL nor entropy spiked.")
         else:
             lines += ["| " + " | ".join(WARNING_HEADER) + " |", "|---" * len(WARNING_HEADER) + "|"]
             lines += ["| " + " | ".join(_warning_cells(w)) + " |" for w in warnings[:MAX_WARNING_ROWS]]
@@ -266,7 +267,10 @@ def training_html(charts: list[dict[str, Any]]) -> str:
 
 def _warnings_html(warnings: list[dict[str, Any]]) -> str:
     if not warnings:
-        return '<p class="note" id="health-warnings">No health warnings: no share rose, no KL or entropy spike.</p>'
+        return (
+            '<p class="note" id="health-warnings">No health warnings: no share rose, retrievals per episode held, '
+            "no KL or entropy spike.</p>"
+        )
     head = "".join(f"<th>{html.escape(name)}</th>" for name in WARNING_HEADER)
     left = ' style="text-align:left"'  # the sign and what it watches are words
 

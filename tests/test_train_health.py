@@ -139,6 +139,54 @@ def test_query_signs_warn_against_their_baseline_and_its_floor(tmp_path, caplog)
     assert [w.sign for w in quiet.check(3, HEALTHY, iteration(0.5)).warnings] == ["no_answer rising"]
 
 
+# Retrievals per episode of two logged runs (metrics.jsonl, docs/results.md): the R3 reward summed over steps, 20
+# iterations at lr 5e-6, which learned to search again "with different words" until its steps ran out (dev EM 45.5
+# to 27.0; the query shares stayed under their floor); and the outcome reward at lr 1e-5, which settled on two.
+SEARCHING_AGAIN = [2.5, 2.125, 2.4375, 2.4375, 2.375, 2.0625, 2.75, 2.875, 2.125, 2.75, 2.75, 2.75, 3.0, 3.625,
+                   3.1875, 2.8125, 3.5, 2.6875, 3.0625, 2.5625]  # fmt: skip
+SETTLED = [2.5625, 2.1875, 1.875, 1.9375, 2.0, 2.4375]
+
+
+def test_retrievals_per_episode_warn_when_their_recent_mean_drifts_either_way(tmp_path, caplog):
+    monitor = HealthMonitor(HealthConfig(), tmp_path / "health.jsonl")
+    caplog.set_level(logging.WARNING, logger="r3_env.train.health")
+    warned = {}
+    for i, searches in enumerate(SEARCHING_AGAIN, start=1):
+        warned[i] = monitor.check(i, HEALTHY, {**iteration(), "retrievals": searches}).warnings
+    monitor.close()
+    # the mean of iterations 12-14 (3.125) is the first past 1.3 x 2.354
+    assert [i for i, warnings in warned.items() if warnings] == [14, 15, 16, 17, 19]
+    [first] = warned[14]
+    assert first.sign == "retrievals rising" and first.value == pytest.approx(3.125)
+    assert first.baseline == pytest.approx(7.0625 / 3) and first.threshold == pytest.approx(1.3 * 7.0625 / 3)
+    assert caplog.records[0].getMessage() == (
+        "PPO health, iteration 14: retrievals per episode rising: retrievals 3.12 over the last 3 iterations, "
+        "baseline 2.35 (warns above 3.06)"
+    )
+    assert [w["iteration"] for w in read_warnings(tmp_path / "health.jsonl")] == [14, 15, 16, 17, 19]
+
+    settled = HealthMonitor(HealthConfig())
+    assert all(settled.check(i, HEALTHY, {"retrievals": x}).warnings == [] for i, x in enumerate(SETTLED, start=1))
+    # one iteration past the factor warns only when the window is that iteration alone
+    spiky = [2.0, 2.0, 2.0, 3.0, 2.0]
+    for window, warned_at in ((3, []), (1, [4])):
+        monitor = HealthMonitor(HealthConfig(drift_window=window))
+        checks = [monitor.check(i, HEALTHY, {"retrievals": x}).warnings for i, x in enumerate(spiky, start=1)]
+        assert [i for i, warnings in enumerate(checks, start=1) if warnings] == warned_at
+    # falling: a policy that stops searching
+    falling = HealthMonitor(HealthConfig(baseline_iterations=2, drift_window=1, drift_factor=2.0))
+    signs = [[w.sign for w in falling.check(i, HEALTHY, {"retrievals": x}).warnings]
+             for i, x in enumerate([2.0, 2.0, 1.01, 0.99], start=1)]  # fmt: skip
+    assert signs == [[], [], [], ["retrievals falling"]]
+    # a policy that did not search at the start has no baseline to drift from
+    never = HealthMonitor(HealthConfig(baseline_iterations=1))
+    assert [never.check(i, HEALTHY, {"retrievals": x}).warnings for i, x in enumerate([0.0, 3.0], start=1)] == [[], []]
+    with pytest.raises(ValueError, match="drift_factor must be above 1"):
+        HealthConfig(drift_factor=1.0)
+    with pytest.raises(ValueError, match="drift_window must be at least 1"):
+        HealthConfig(drift_window=0)
+
+
 def test_kl_near_zero_never_spikes_and_a_missing_value_is_skipped():
     monitor = HealthMonitor(HealthConfig(baseline_iterations=2, kl_floor=0.01))
     for i in range(1, 4):
@@ -217,7 +265,8 @@ def test_the_report_shows_the_health_charts_warnings_and_best_policy(tmp_path):
     rows = [{"stage": "ppo", "step": 0, "dev_reward": 0.5}]
     rows += [
         {"stage": "ppo", "step": i, "reward": 1.0, "no_answer": share, "format_error": 0.0, "blank_queries": 0.0,
-         "repeated_queries": 0.0, "copied_queries": float(i > 3), "kl": 0.01, "entropy": 2.0, "dev_reward": 2.0 - share}
+         "repeated_queries": 0.0, "copied_queries": float(i > 3), "kl": 0.01, "entropy": 2.0, "dev_reward": 2.0 - share,
+         "retrievals": 2.0 + 2 * (i == 5)}
         for i, share in enumerate([0.0, 0.0, 0.1, 0.6, 0.9], start=1)
     ]  # fmt: skip
     write_jsonl(run / "metrics.jsonl", rows)
@@ -234,6 +283,7 @@ def test_the_report_shows_the_health_charts_warnings_and_best_policy(tmp_path):
     assert [title for title, group in groups.items() if group == "health"] == [
         "Unanswered episodes and format errors",
         "Blank, repeated and copied queries",
+        "Retrievals per episode (drift)",
         "KL to the reference policy",
         "Policy entropy",
     ]
@@ -248,10 +298,11 @@ def test_the_report_shows_the_health_charts_warnings_and_best_policy(tmp_path):
     assert "Best policy (ppo/best_policy): PPO iteration 1, dev reward 2." in markdown
     assert "| 4 | no_answer rising | unanswered episodes | 60.0% | 0.0% | 30.0% |" in markdown
     assert "| 5 | copied_queries rising | queries copying the question | 100.0% | 0.0% | 30.0% |" in markdown
+    assert "| 5 | retrievals rising | retrievals per episode | 2.667 | 2 | 2.6 |" in markdown  # (2 + 2 + 4) / 3
     page = training_html(charts)
     assert page.count("<figure") == len(charts) and 'id="stage-switch"' not in page  # a best marker is no switch
     assert 'id="best-policy"' in page and "PPO iteration 1, dev reward 2" in page
-    assert page.count("<tr>") == 1 + 4  # the header, then 2 signs at iterations 4 and 5
+    assert page.count("<tr>") == 1 + 5  # the header, then 2 signs at iteration 4 and 3 at iteration 5
 
     quiet = tmp_path / "quiet"
     write_jsonl(quiet / "metrics.jsonl", [{"stage": "ppo", "step": 1, "no_answer": 0.0}])

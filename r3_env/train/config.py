@@ -195,7 +195,10 @@ class HealthConfig:
 
     baseline_iterations: int = field(
         default=3,
-        metadata={"help": "the first iterations whose mean share is each share's baseline (no share warns before)"},
+        metadata={
+            "help": "the first iterations whose mean is each share's and the retrievals' baseline (nothing warns "
+            "before)"
+        },
     )
     share_margin: float = field(
         default=0.2,
@@ -205,6 +208,17 @@ class HealthConfig:
         },
     )
     share_floor: float = field(default=0.3, metadata={"help": "... and at least this"})
+    drift_factor: float = field(
+        default=1.3,
+        metadata={
+            "help": "retrievals per episode warn when their mean over the drift_window iterations is above this "
+            "times their baseline, or below the baseline divided by it"
+        },
+    )
+    drift_window: int = field(
+        default=3,
+        metadata={"help": "iterations, the current one included, whose mean retrievals per episode are compared"},
+    )
     spike_factor: float = field(
         default=3.0,
         metadata={
@@ -220,12 +234,14 @@ class HealthConfig:
     )
 
     def __post_init__(self) -> None:
-        if self.baseline_iterations < 1 or self.spike_window < 1:
-            raise ValueError("health.baseline_iterations and spike_window must be at least 1")
+        if min(self.baseline_iterations, self.spike_window, self.drift_window) < 1:
+            raise ValueError("health.baseline_iterations, spike_window and drift_window must be at least 1")
         if self.share_margin < 0 or not 0 <= self.share_floor <= 1 or self.kl_floor < 0:
             raise ValueError("health.share_margin and kl_floor must be 0 or more, share_floor in [0, 1]")
         if self.spike_factor <= 1 or not 0 < self.copy_similarity <= 1:
             raise ValueError("health.spike_factor must be above 1 and copy_similarity in (0, 1]")
+        if self.drift_factor <= 1:
+            raise ValueError("health.drift_factor must be above 1 (1.3 warns at 30% more retrievals, or 1/1.3 as many)")
 
 
 SECTIONS = [

@@ -1,6 +1,6 @@
 """PPO's health monitor: each iteration, the signs of a policy going wrong, logged and kept.
 
-Two kinds of sign (thresholds in :class:`~r3_env.train.config.HealthConfig`, the ``health:`` section):
+Three kinds of sign (thresholds in :class:`~r3_env.train.config.HealthConfig`, the ``health:`` section):
 
 - **Rising shares.** Unanswered episodes (``no_answer``: out of steps or context without an
   answer), format errors (``format_error``), and three shares of the policy's queries:
@@ -17,6 +17,14 @@ Two kinds of sign (thresholds in :class:`~r3_env.train.config.HealthConfig`, the
   A share's baseline is its mean over the first ``baseline_iterations`` iterations; from the next
   one on it warns when it is more than ``share_margin`` above that baseline and at least
   ``share_floor``.
+- **Drifts.** Retrievals (searches) per episode: their mean over the last ``drift_window``
+  iterations, the current one included, warns when it is above ``drift_factor`` times its baseline
+  (the mean of the first ``baseline_iterations``) or below the baseline divided by it. A baseline of
+  0 (a policy that did not search at first) never warns. A process reward that sums each step's
+  relevance pays for searching again: a policy trained on it can learn to re-run a search "with
+  different words" until its steps run out, while the query shares stay under their floor. The
+  window keeps one iteration of a few questions from warning alone. The sign reports a change of
+  behaviour, for the better or the worse.
 - **Spikes.** The KL to the reference warns above ``spike_factor`` times its median over the
   ``spike_window`` iterations before (and above ``kl_floor``, so a KL near zero never spikes);
   the entropy above that factor times its median (a spike) or below its median divided by it (a
@@ -61,6 +69,8 @@ SHARES = {
     "repeated_queries": "repeated queries",
     "copied_queries": "queries copying the question",
 }
+# (metric, what it counts): the values that warn when their recent mean drifts from the baseline, either way
+DRIFTS = {"retrievals": "retrievals per episode"}
 # (metric, what it measures): the values that warn when they spike
 SPIKES = {"kl": "KL to the reference", "entropy": "entropy"}
 
@@ -132,12 +142,13 @@ class HealthMonitor:
             config = HealthConfig()
         self.config = config
         self.path = Path(path) if path is not None else None
-        self.history: dict[str, list[float]] = {name: [] for name in (*SHARES, *SPIKES)}
+        self.history: dict[str, list[float]] = {name: [] for name in (*SHARES, *DRIFTS, *SPIKES)}
         self._writer: JsonlWriter | None = None
 
     def check(self, iteration: int, responses: Sequence[dict[str, Any]], values: dict[str, float]) -> HealthCheck:
         """Iteration ``iteration`` (from 1) with its episode responses and logged values (``no_answer``,
-        ``format_error``, ``kl``, ``entropy``: those absent, as ``entropy`` without an actor update, are skipped)."""
+        ``format_error``, ``retrievals``, ``kl``, ``entropy``: those absent, as ``entropy`` without an actor
+        update, are skipped)."""
         shares = query_shares(responses, self.config.copy_similarity)
         current = {**values, **shares}
         seen = {name: value for name in self.history if (value := _number(current.get(name))) is not None}
@@ -146,9 +157,13 @@ class HealthMonitor:
             past = self.history[name]
             if len(past) < self.config.baseline_iterations:
                 continue
-            if name in SHARES:
+            if name in SHARES or name in DRIFTS:
                 baselines[name] = statistics.fmean(past[: self.config.baseline_iterations])
+            if name in SHARES:
                 warnings += self._rising(iteration, name, value, baselines[name])
+            elif name in DRIFTS:
+                recent = [*past[max(0, len(past) + 1 - self.config.drift_window) :], value]
+                warnings += self._drifts(iteration, name, statistics.fmean(recent), baselines[name], len(recent))
             else:
                 before = past[-self.config.spike_window :]
                 baselines[name] = statistics.median(before)
@@ -168,6 +183,22 @@ class HealthMonitor:
             return []
         message = f"{SHARES[name]} rising: {name} {value:.3f}, baseline {baseline:.3f} (warns above {threshold:.3f})"
         return [HealthWarning(iteration, f"{name} rising", name, value, baseline, threshold, message)]
+
+    def _drifts(self, iteration: int, name: str, recent: float, baseline: float, window: int) -> list[HealthWarning]:
+        """``recent`` (the mean of the last ``window`` iterations) above ``drift_factor`` times the baseline, or below
+        the baseline divided by it."""
+        if baseline <= 0:
+            return []
+        factor = self.config.drift_factor
+        against = f"{name} {recent:.3g} over the last {window} iterations, baseline {baseline:.3g}"
+        if recent > factor * baseline:
+            direction, threshold, bound = "rising", factor * baseline, "above"
+        elif recent < baseline / factor:
+            direction, threshold, bound = "falling", baseline / factor, "below"
+        else:
+            return []
+        message = f"{DRIFTS[name]} {direction}: {against} (warns {bound} {threshold:.3g})"
+        return [HealthWarning(iteration, f"{name} {direction}", name, recent, baseline, threshold, message)]
 
     def _spikes(self, iteration: int, name: str, value: float, median: float, window: int) -> list[HealthWarning]:
         """Above ``spike_factor`` times the median (and ``kl_floor`` for the KL); the entropy also below it divided."""

@@ -25,11 +25,11 @@ One iteration:
 
 Each iteration the health monitor (:mod:`r3_env.train.health`) logs the shares of unanswered
 episodes, format errors and blank, repeated or copied queries beside the iteration's values, and
-warns (the log and ``ppo/health.jsonl``) when a share rises or the KL or entropy spikes. With
-``ppo.eval_prompts`` the actor runs greedy episodes on those dev questions before the first
-iteration, every ``eval_every`` iterations and after the last, through the same agent and engine
-(``dev_reward`` is logged); whenever its mean reward beats the best so far the actor is saved to
-``ppo/best_policy``, with ``best.json`` naming the iteration and the dev reward.
+warns (the log and ``ppo/health.jsonl``) when a share rises, the retrievals per episode drift, or
+the KL or entropy spikes. With ``ppo.eval_prompts`` the actor runs greedy episodes on those dev
+questions before the first iteration, every ``eval_every`` iterations and after the last, through
+the same agent and engine (``dev_reward`` is logged); whenever its mean reward beats the best so far
+the actor is saved to ``ppo/best_policy``, with ``best.json`` naming the iteration and the dev reward.
 
 Checkpoints (``ppo/checkpoint.pt``: both models, optimizers, schedulers, the KL coefficient,
 the data position, the RNG, the best dev reward so far and the health monitor's history) are
