@@ -377,10 +377,12 @@ def test_training_curves_show_rc_and_the_stage_switch(tmp_path):
     charts = training_charts(write_training(tmp_path / "lws"))
     rc = next(chart for chart in charts if chart["title"] == "Retrievals per episode (RC)")
     assert rc["y_label"] == "RC" and rc["series"] == {"RC": [[i, v] for i, v in enumerate(RC_CURVE, start=1)]}
-    # iteration 3 is stage 1's last (its rollouts ran at training step 2): the marker stands before iteration 4
-    assert [chart["markers"] for chart in charts] == [[{"x": 3.5, "label": "stage 2", "first": 4}]] * 3
+    # iteration 3 is stage 1's last (its rollouts ran at training step 2): the marker stands before iteration 4, on
+    # the reward, RC and steps charts and on the Health group's RC chart (where the drift sign's warnings go)
+    assert [chart["markers"] for chart in charts] == [[{"x": 3.5, "label": "stage 2", "first": 4}]] * 4
+    assert [chart["group"] for chart in charts] == ["training"] * 3 + ["health"]
     page = training_html(charts)
-    assert page.count('class="marker"') == 3 and "stage 2 of the reward starts at PPO iteration 4" in page
+    assert page.count('class="marker"') == 4 and "stage 2 of the reward starts at PPO iteration 4" in page
     markdown = training_markdown(charts)
     assert "| Retrievals per episode (RC) | RC | 1 | 1 |" in markdown
     assert (
