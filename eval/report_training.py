@@ -6,8 +6,9 @@ episode, and where each iteration's time went. SFT's loss is per optimizer step.
 
 The Health group (:mod:`r3_env.train.health`) charts the signs of a policy going wrong: the shares
 of unanswered episodes and format errors, of blank, repeated and copied queries, the retrievals per
-episode, the KL to the reference and the entropy, with the monitor's warnings from ``ppo/health.jsonl`` below them and
-the best policy's iteration and dev reward from ``ppo/best_policy/best.json``.
+episode, the KL to the reference and the entropy, with the monitor's warnings from
+``ppo/health.jsonl`` below them and the best policy's iteration and dev reward from
+``ppo/best_policy/best.json``.
 
 A staged reward (``lws``, "Learning when to search") switches to
 stage 2 at ``reward.options.switch_step``: the PPO charts mark the switch, so RC's rise in stage
