@@ -34,6 +34,7 @@ PPO_KEYS = (
     "retrieval_s",
     "judging_s",
     "training_s",
+    "peak_rss_gib",
 )
 ACTOR_KEYS = ("entropy", "policy_loss", "clip_ratio", "actor_grad_norm")  # only once the critic has warmed up
 

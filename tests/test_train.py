@@ -207,6 +207,7 @@ def test_one_ppo_iteration_on_scripted_episodes_updates_both_models_with_finite_
         for key in ("policy_loss", "value_loss", "entropy", "kl", "actor_grad_norm", "critic_grad_norm"):
             assert math.isfinite(values[key]), key
         assert values["generation_s"] > 0 and values["retrieval_s"] > 0 and values["judging_s"] > 0
+        assert 0.1 < values["peak_rss_gib"] < 1024  # a torch process holding two models, in GiB
         assert any(not torch.equal(a, b) for a, b in zip(actor_before, trainer.actor.parameters(), strict=True))
         assert any(not torch.equal(a, b) for a, b in zip(critic_before, trainer.critic.parameters(), strict=True))
         trainer.save()

@@ -44,6 +44,7 @@ import json
 import logging
 import math
 import random
+import resource
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -406,6 +407,8 @@ class PPOTrainer:
             judging_s=judging_s,
             rollout_s=rollout_s,
             training_s=training_s,
+            # the trainer's peak resident memory so far (KiB on Linux): a run whose memory grows shows it here
+            peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         )
         if self.ppo.vllm_url:
             values["sync_s"] = sync_s
