@@ -157,17 +157,17 @@ class HealthMonitor:
             past = self.history[name]
             if len(past) < self.config.baseline_iterations:
                 continue
-            if name in SHARES or name in DRIFTS:
-                baselines[name] = statistics.fmean(past[: self.config.baseline_iterations])
-            if name in SHARES:
-                warnings += self._rising(iteration, name, value, baselines[name])
-            elif name in DRIFTS:
-                recent = [*past[max(0, len(past) + 1 - self.config.drift_window) :], value]
-                warnings += self._drifts(iteration, name, statistics.fmean(recent), baselines[name], len(recent))
-            else:
+            if name in SPIKES:
                 before = past[-self.config.spike_window :]
                 baselines[name] = statistics.median(before)
                 warnings += self._spikes(iteration, name, value, baselines[name], len(before))
+                continue
+            baselines[name] = statistics.fmean(past[: self.config.baseline_iterations])
+            if name in SHARES:
+                warnings += self._rising(iteration, name, value, baselines[name])
+            else:
+                recent = [*past, value][-self.config.drift_window :]
+                warnings += self._drifts(iteration, name, statistics.fmean(recent), baselines[name], len(recent))
         for name, value in seen.items():
             self.history[name].append(value)
         for warning in warnings:
