@@ -46,6 +46,16 @@ class R3RewardConfig:
     # relevance of the valid steps before a format error is kept as it is
     format_error_scale: float = 1.0
     process_rewards: bool = True  # False: the outcome-only ablation
+    # "sum": the paper's, each step earns its relevance, so every extra search adds to the episode's reward
+    # (a 135M policy learned to search again until its steps ran out, docs/results.md); "mean": each step's
+    # relevance is divided by the episode's retrievals, so searching more pays only when it raises the mean.
+    process_aggregate: Literal["sum", "mean"] = "sum"
+
+    def __post_init__(self) -> None:
+        if self.process_aggregate not in ("sum", "mean"):
+            raise ValueError(
+                f"reward.options process_aggregate must be 'sum' or 'mean', got {self.process_aggregate!r}"
+            )
 
     def scale(self, outcome: Outcome) -> float:
         return {
@@ -69,6 +79,8 @@ def r3_step_rewards(episode: Episode, config: R3RewardConfig | None = None) -> l
     """Per-step rewards of R3-RAG's scheme."""
     config = config or R3RewardConfig()
     scale = config.scale(episode.outcome) if config.process_rewards else 0.0
+    if config.process_aggregate == "mean" and episode.retrievals:
+        scale /= episode.retrievals
     rewards = [relevance * scale for relevance in episode.relevance]
     if episode.outcome is not Outcome.NO_ANSWER:
         rewards.append(config.final_reward(episode.outcome))

@@ -56,6 +56,22 @@ def test_constants_are_configurable():
     assert r3_step_rewards(Episode(Outcome.WRONG, [1.0]), R3RewardConfig(wrong_scale=0.5)) == [0.5, 0.0]
 
 
+def test_mean_process_aggregate_stops_paying_for_searching_again():
+    """With the paper's sum, a repeated search at the same relevance adds to the reward; with the mean it does not."""
+    summed, mean = get_scheme("r3"), get_scheme("r3", process_aggregate="mean")
+    once, again = Episode(Outcome.CORRECT, [0.5]), Episode(Outcome.CORRECT, [0.5, 0.5, 0.5])
+    assert sum(summed.step_rewards(again)) > sum(summed.step_rewards(once))
+    assert mean.step_rewards(once) == pytest.approx([0.8, 2.0])
+    assert mean.step_rewards(again) == pytest.approx([0.8 / 3, 0.8 / 3, 0.8 / 3, 2.0])
+    # a search that raises the mean still pays; one that lowers it costs
+    assert sum(mean.step_rewards(Episode(Outcome.CORRECT, [0.5, 1.0]))) > sum(mean.step_rewards(once))
+    assert sum(mean.step_rewards(Episode(Outcome.CORRECT, [0.5, 0.2]))) < sum(mean.step_rewards(once))
+    assert mean.step_rewards(Episode(Outcome.FORMAT_ERROR, [0.4, 0.2])) == pytest.approx([0.2, 0.1, -0.9])
+    assert mean.step_rewards(Episode(Outcome.CORRECT, [])) == [2.0]
+    with pytest.raises(ValueError, match="process_aggregate must be 'sum' or 'mean', got 'max'"):
+        get_scheme("r3", process_aggregate="max")
+
+
 def test_registry_and_validation():
     assert {"r3", "outcome"} <= set(available_schemes())
     with pytest.raises(ValueError, match="unknown reward scheme 'r4'.*r3"):
