@@ -248,6 +248,22 @@ def test_one_ppo_iteration_of_a_real_instruct_model(world, smollm2_model, tmp_pa
         trainer.close()
 
 
+def test_the_entropy_bonus_reaches_the_gradients_only_when_its_coefficient_is_set(world, tmp_path):
+    """At entropy_coef 0 the entropy is logged without a graph through it; a coefficient changes the update."""
+    updated, entropies = [], []
+    for coef in (0.0, 0.5):
+        trainer = make_trainer(world, tmp_path / str(coef), estimator="reinforce", entropy_coef=coef)
+        try:
+            script_one_right_one_wrong(trainer, world)
+            values = trainer.step()  # 4 episodes, one optimizer step: the entropy is measured before it
+            entropies.append(values["entropy"])
+            updated.append([p.detach().clone() for p in trainer.actor.parameters()])
+        finally:
+            trainer.close()
+    assert entropies[0] == pytest.approx(entropies[1], rel=1e-5) and entropies[0] > 0
+    assert any(not torch.allclose(a, b) for a, b in zip(*updated, strict=True))
+
+
 @pytest.mark.parametrize(
     ("settings", "placement", "check"),
     [

@@ -328,8 +328,15 @@ class PPOTrainer:
             loss, clip_ratio, ppo_kl, _, _ = self.policy_loss(
                 log_probs, batch.action_log_probs.to(self.device), batch.advantages.to(self.device), action_mask=mask
             )
-            entropy = masked_mean(self.entropy(output["logits"])[:, :-1][:, -mask.shape[1] :], mask)
-            (share * (loss - self.ppo.entropy_coef * entropy)).backward()
+            logits = output["logits"][:, :-1][:, -mask.shape[1] :]  # the positions that predict the actions
+            if self.ppo.entropy_coef:
+                entropy = masked_mean(self.entropy(logits), mask)
+                objective = loss - self.ppo.entropy_coef * entropy
+            else:  # logged only: no graph through a softmax over the vocabulary at every position
+                with torch.no_grad():
+                    entropy = masked_mean(self.entropy(logits), mask)
+                objective = loss
+            (share * objective).backward()
             for name, value in (
                 ("policy_loss", loss),
                 ("entropy", entropy),
