@@ -84,11 +84,13 @@ class ServiceProcess:
             except httpx.TransportError:
                 pass
             time.sleep(0.2)
+        log = self.read_log()  # before stop() closes it
         self.stop()
-        raise RuntimeError(f"service did not become healthy in {self.timeout} s: {self.read_log()}")
+        raise RuntimeError(f"service did not become healthy in {self.timeout} s: {log}")
 
     def read_log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text()[-3000:]
 
     def stop(self) -> None:

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # The owner: starts the stand-in judge as a service, prints its pid, then waits to be killed.
@@ -52,3 +54,15 @@ def test_sigterm_to_the_owner_stops_its_services():
         owner.wait()
         if service_pid and alive(service_pid):  # the failing case: leave no orphan behind
             os.kill(service_pid, signal.SIGKILL)
+
+
+def test_a_service_that_never_gets_healthy_is_stopped_and_its_log_reported(tmp_path):
+    """The timeout's error carries the service's own output (it once closed the log first and raised a ValueError)."""
+    from demo.services import ServiceProcess
+
+    silent = tmp_path / "silent.py"
+    silent.write_text("import time\nprint('listening nowhere', flush=True)\ntime.sleep(600)\n")
+    service = ServiceProcess([], script=str(silent), timeout=3.0, log=tmp_path / "silent.log")
+    with pytest.raises(RuntimeError, match="did not become healthy in 3.0 s: listening nowhere"):
+        service.start()
+    assert service.process.poll() is not None  # stopped
