@@ -1,6 +1,6 @@
 """What does RL add to a finished SFT policy? RL arms against SFT on the same questions, with paired bootstrap CIs.
 
-    python bench/rl_gain.py --demo DEMO_OUT [--arms sft,sft_more,rl_process,rl_outcome,rft] [--seeds 0,1,2]
+    python bench/rl_gain.py --demo DEMO_OUT [--arms sft,sft_more,rl_process,rl_outcome,rl_gold,rft] [--seeds 0,1,2]
         [--episodes 256] [--dev_questions 200] [--set KEY=VALUE ...] [--eval_engine vllm]
         [--rollout_engine vllm] [--sft_more_seconds S] [--resamples 2000] [--start POLICY] [--out DEMO_OUT/rl_gain]
 
@@ -16,6 +16,9 @@ continues SFT from it). The arms:
   of the examples (the compute control; its own wall time is reported beside the RL arms');
 - ``rl_process``: PPO with the R3 reward (``reward.scheme r3``: per-step relevance, outcome-scaled);
 - ``rl_outcome``: PPO with the outcome reward (``reward.scheme outcome``), everything else equal;
+- ``rl_gold``: PPO with the R3 reward whose per-step relevance comes from the labels, not a judge
+  (``reward.scheme r3_gold``: the share of the question's gold passages each step found first), everything
+  else equal; it needs gold passage ids, so report it apart from the judged arms;
 - ``rft``: rejection-sampling fine-tuning (expert iteration): the start samples the same number of
   episodes on train questions (PPO's samples per question, temperature ``--rft_temperature``),
   the correct ones (the reward server's verdict) become SFT data (Algorithm 2) and the start is
@@ -73,8 +76,8 @@ from r3_env.config import ConfigError  # noqa: E402
 
 logger = logging.getLogger("rl_gain")
 
-ARMS = ("sft", "sft_more", "rl_process", "rl_outcome", "rft")
-RL_SCHEMES = {"rl_process": "r3", "rl_outcome": "outcome"}
+ARMS = ("sft", "sft_more", "rl_process", "rl_outcome", "rl_gold", "rft")
+RL_SCHEMES = {"rl_process": "r3", "rl_outcome": "outcome", "rl_gold": "r3_gold"}
 METRICS = ("em", "f1", "full_recall", "docs", "answered", "format_error")
 # shown with their CI in the markdown table (rl_gain.json has every metric's)
 CI_METRICS = ("em", "f1", "full_recall")
@@ -303,8 +306,8 @@ class RLGain:
             times = [t for arm in RL_SCHEMES for s in seeds if (t := self.train_seconds(arm, s)) is not None]
             if times:
                 return statistics.fmean(times)
-        sys.exit("sft_more matches an RL arm's wall time: run rl_process or rl_outcome first (or in the same "
-                 "invocation, before it), or give --sft_more_seconds")  # fmt: skip
+        sys.exit(f"sft_more matches an RL arm's wall time: run an RL arm ({', '.join(RL_SCHEMES)}) first (or in "
+                 "the same invocation, before it), or give --sft_more_seconds")  # fmt: skip
 
     def train_seconds(self, arm: str, seed: int) -> float | None:
         result = self.read_result(arm, seed)
@@ -543,7 +546,7 @@ def main() -> None:
     except ValueError as error:  # --set settings PPO refuses: the message names them
         sys.exit(str(error))
     # sft first (every difference is to it), the RL arms before sft_more (it matches their wall time)
-    ordered = sorted(set(arms) | {"sft"}, key=["sft", "rl_process", "rl_outcome", "rft", "sft_more"].index)
+    ordered = sorted(set(arms) | {"sft"}, key=["sft", "rl_process", "rl_outcome", "rl_gold", "rft", "sft_more"].index)
     jobs = [("sft", None)] + [(arm, seed) for arm in ordered if arm != "sft" for seed in args.seed_list]
     results: dict[str, list[dict[str, Any]]] = defaultdict(list)
     per_seed: dict[str, list[dict[str, Any]]] = defaultdict(list)

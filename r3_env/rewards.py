@@ -7,6 +7,8 @@ is the scalar episode reward.
 
 - ``r3`` is R3-RAG's scheme (docs/recipes/r3-rag.md#stage-2-rl: the official constants, all configurable):
   process rewards (relevance) scaled by the outcome, plus the answer step's reward.
+- ``r3_gold`` is ``r3`` with each step's relevance from the labels instead of a judge: the share of the
+  question's gold passages that the step found first (annotated data only; report it apart from judged runs).
 - ``outcome`` is the ablation without process rewards: the same answer and format terms.
 - ``lws`` is "Learning when to search"'s r = r_a + r_s + r_f: a staged answer reward (stage 1
   rewards retrieving when wrong, stage 2 charges retrieval when right), a search term (query
@@ -22,6 +24,7 @@ is the scalar episode reward.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -85,6 +88,18 @@ def r3_step_rewards(episode: Episode, config: R3RewardConfig | None = None) -> l
     if episode.outcome is not Outcome.NO_ANSWER:
         rewards.append(config.final_reward(episode.outcome))
     return rewards
+
+
+def r3_gold_step_rewards(episode: Episode, config: R3RewardConfig | None = None) -> list[float]:
+    """R3-RAG's scheme with each step's relevance read from the labels, not judged: the share of the question's
+    gold passages the step found first. A search that finds nothing new earns nothing, so searching again
+    does not pay, and the relevance of an episode sums to at most 1."""
+    if episode.gold_total < 1:
+        raise ValueError("r3_gold needs the gold passages of each question: give labels with gold_ids")
+    if len(episode.new_gold) != episode.retrievals:
+        raise ValueError("r3_gold needs the gold passages each retrieval step found first (Episode.new_gold)")
+    relevance = [found / episode.gold_total for found in episode.new_gold]
+    return r3_step_rewards(dataclasses.replace(episode, relevance=relevance), config)
 
 
 def at_last_step(episode: Episode, reward: float) -> list[float]:
@@ -318,6 +333,13 @@ def _r3(**options) -> RewardScheme:
     return RewardScheme("r3", lambda episode: r3_step_rewards(episode, config), needs_relevance=config.process_rewards)
 
 
+def _r3_gold(**options) -> RewardScheme:
+    config = R3RewardConfig(**options)
+    return RewardScheme(
+        "r3_gold", lambda episode: r3_gold_step_rewards(episode, config), needs_relevance=False, needs_gold=True
+    )
+
+
 def _outcome(**options) -> RewardScheme:
     config = R3RewardConfig(**{**options, "process_rewards": False})
     return RewardScheme("outcome", lambda episode: r3_step_rewards(episode, config), needs_relevance=False)
@@ -359,6 +381,7 @@ def _top_survivor(**options) -> RewardScheme:
 
 
 register_scheme("r3", _r3)
+register_scheme("r3_gold", _r3_gold)
 register_scheme("outcome", _outcome)
 register_scheme("lws", _lws)
 register_scheme("gold_hit", _gold_hit)

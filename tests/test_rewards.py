@@ -72,6 +72,23 @@ def test_mean_process_aggregate_stops_paying_for_searching_again():
         get_scheme("r3", process_aggregate="max")
 
 
+def test_r3_gold_reads_each_steps_relevance_from_the_gold_passages_it_found_first():
+    scheme = get_scheme("r3_gold")
+    assert scheme.needs_gold and not scheme.needs_relevance and scheme.score == "accuracy"
+    # two gold passages: the first search finds one, a search again finds nothing new, the third the other
+    found = Episode(Outcome.CORRECT, [0.0, 0.0, 0.0], new_gold=[1, 0, 1], gold_total=2)
+    assert scheme.step_rewards(found) == pytest.approx([0.8, 0.0, 0.8, 2.0])
+    wrong = Episode(Outcome.WRONG, [0.0, 0.0], new_gold=[1, 0], gold_total=2)
+    assert scheme.step_rewards(wrong) == pytest.approx([0.4, 0.0, 0.0])
+    # the judged relevance the episode carries is not used
+    assert scheme.step_rewards(Episode(Outcome.WRONG, [1.0], new_gold=[0], gold_total=2)) == [0.0, 0.0]
+    assert get_scheme("r3_gold", correct_scale=1.0).step_rewards(found) == pytest.approx([0.5, 0.0, 0.5, 2.0])
+    with pytest.raises(ValueError, match="r3_gold needs the gold passages of each question"):
+        scheme.step_rewards(Episode(Outcome.CORRECT, [0.0]))
+    with pytest.raises(ValueError, match="retrieval step found first"):
+        scheme.step_rewards(Episode(Outcome.CORRECT, [0.0], gold_total=2))
+
+
 def test_registry_and_validation():
     assert {"r3", "outcome"} <= set(available_schemes())
     with pytest.raises(ValueError, match="unknown reward scheme 'r4'.*r3"):

@@ -278,7 +278,7 @@ def test_every_outcome_type_gets_the_r3_rewards_at_the_right_tokens(world, retri
     assert ctx.stats.episodes == 4 and 0.0 < ctx.stats.environment_share < 1.0
 
 
-def test_outcome_and_gold_hit_schemes_and_format_regeneration(world, retriever, reward, tokenizer, model):
+def test_outcome_gold_hit_and_r3_gold_schemes_and_format_regeneration(world, retriever, reward, tokenizer, model):
     row = world["rows"][4]
     first, second = hops(row)
 
@@ -299,6 +299,10 @@ def test_outcome_and_gold_hit_schemes_and_format_regeneration(world, retriever, 
     assert gold.step_rewards[:2] == pytest.approx([0.2 * n for n in found])
     complete = sum(found) == len(row["metadata"]["supporting_passage_ids"])
     assert gold.step_rewards[2] == (0.3 if complete else 0.0)
+    # r3_gold: R3's outcome scaling (1.6 for a right answer) of the share of the gold passages each step found first
+    labelled = run(main("r3_gold", plan))
+    total = len(row["metadata"]["supporting_passage_ids"])
+    assert labelled.step_rewards == pytest.approx([1.6 * n / total for n in found] + [2.0]) and sum(found) > 0
     early = run(main("gold_hit", [answer_step("no need", "yes")]))
     assert early.step_rewards == [0.0] and early.score == 0.0
 
