@@ -21,7 +21,7 @@
 #                     [the recipe's, else golden_answers]
 #   RETRIEVER_URL     retrieval service [http://127.0.0.1:8000]
 #   REWARD_URL        reward server (judge) [http://127.0.0.1:8002]
-#   SCHEME            reward scheme override: r3, outcome, lws, gold_hit [the config's]
+#   SCHEME            reward scheme override: r3, r3_gold, outcome, lws, gold_hit [the config's]
 #   REWARD_OPTIONS    JSON object of reward.options, merged over the config's, e.g. '{"beta": 0.5}' [none]
 #   QUERY_ENCODER     reward.query_encoder: encoder folder of schemes that compare queries (lws) [the config's]
 #   ALGO              ppo (GAE + critic, the paper), grpo (group_norm), reinforce++ (reinforce_baseline),

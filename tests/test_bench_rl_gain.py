@@ -16,7 +16,8 @@ from rl_gain import build_table, format_table
 
 from eval.compare import paired_bootstrap, seeded_paired_bootstrap
 
-ARMS = ("sft", "sft_more", "rl_process", "rl_outcome", "rft")
+ARMS = ("sft", "sft_more", "rl_process", "rl_outcome", "rl_gold", "rft")
+SCHEMES = {"rl_process": "r3", "rl_outcome": "outcome", "rl_gold": "r3_gold"}
 
 
 def test_identical_arms_differ_by_exactly_zero():
@@ -114,10 +115,10 @@ def test_every_arm_trains_from_the_sft_policy_and_the_table_has_their_rows_and_c
     assert first.returncode == 0, first.stderr[-5000:]
     summary = json.loads((out / "rl_gain.json").read_text())
     assert summary["questions"] == 6 and summary["episodes"] == 16
-    assert summary["seeds"] == {"sft": 1, "sft_more": 2, "rl_process": 2, "rl_outcome": 2, "rft": 2}
+    assert summary["seeds"] == {"sft": 1, "sft_more": 2, "rl_process": 2, "rl_outcome": 2, "rl_gold": 2, "rft": 2}
     rows = [row for row in summary["rows"] if row["group"] == "world"]
     arms = [row["arm"] for row in rows]
-    assert arms[:5] == list(ARMS) and arms[5].startswith("single-shot BM25 @K (world K=")
+    assert arms[:6] == list(ARMS) and arms[6].startswith("single-shot BM25 @K (world K=")
     for row in rows:
         assert row["questions"] == 6
         for metric, diff in row["diff"].items():
@@ -126,7 +127,7 @@ def test_every_arm_trains_from_the_sft_policy_and_the_table_has_their_rows_and_c
     sft = rows[0]
     assert all(diff == {"mean": 0.0, "lo": 0.0, "hi": 0.0, "n": 6} for diff in sft["diff"].values())
     assert set(sft["diff"]) == {"em", "f1", "full_recall", "docs", "answered", "format_error"}
-    bm25 = rows[5]
+    bm25 = rows[6]
     assert bm25["mean"]["em"] is None and "em" not in bm25["diff"] and 0 <= bm25["mean"]["full_recall"] <= 1
     for arm in ARMS[1:]:
         for seed in (0, 1):
@@ -135,7 +136,7 @@ def test_every_arm_trains_from_the_sft_policy_and_the_table_has_their_rows_and_c
             if arm.startswith("rl_"):
                 config = json.loads((out / arm / f"seed{seed}" / "train" / "config.json").read_text())
                 assert config["ppo"]["iterations"] == 1 and config["run"]["seed"] == seed
-                assert config["reward"]["scheme"] == {"rl_process": "r3", "rl_outcome": "outcome"}[arm]
+                assert config["reward"]["scheme"] == SCHEMES[arm]
     plan = json.loads((out / "sft_more" / "seed0" / "plan.json").read_text())
     assert plan["epochs"] >= 1 and plan["target_s"] > 0 and 0 < plan["share"] <= 1
     config = json.loads((out / "sft_more" / "seed0" / "train" / "config.json").read_text())
@@ -150,7 +151,7 @@ def test_every_arm_trains_from_the_sft_policy_and_the_table_has_their_rows_and_c
     mtimes = {path: path.stat().st_mtime for path in out.glob("*/seed*/result.json")}
     again = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert again.stderr.count("read back from") == 9  # sft, and four arms of two seeds
+    assert again.stderr.count("read back from") == 11  # sft, and five arms of two seeds
     assert "PPO" not in again.stderr and "SFT:" not in again.stderr  # nothing trained again
     assert {path: path.stat().st_mtime for path in mtimes} == mtimes
     assert json.loads((out / "rl_gain.json").read_text())["rows"] == summary["rows"]
