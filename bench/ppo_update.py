@@ -5,8 +5,8 @@
 
 Runs the local trainer's own update (``PPOTrainer._actor_step``: OpenRLHF's Actor, PolicyLoss and
 compute_entropy, then one AdamW step) on ``--episodes`` random transcripts of ``--tokens`` tokens whose
-last ``--actions`` span the policy's steps (the rl_gain benches' transcripts run to about 1,000 SmolLM2
-tokens, the instructions and the question first), in micro-batches of ``--micro_batch``, under
+last ``--actions`` span the policy's steps (the cold-start transcripts average about 750 SmolLM2 tokens
+and reach about 1,200, so 1,000 is the long end, where the peak is set), in micro-batches of ``--micro_batch``, under
 ``--mixed_precision`` (the SmolLM2 recipe's: micro-batches of 2, bf16 autocast). Each variant runs in
 its own process, so its peak resident memory (``getrusage``, what PPO logs as ``peak_rss_gib``) is its
 own:
@@ -92,6 +92,8 @@ def main() -> None:
     parser.add_argument("--mixed_precision", default="bf16", help="model.mixed_precision: bf16 or no")
     parser.add_argument("--repeats", type=int, default=2, help="timed updates per variant (the fastest counts)")
     args = parser.parse_args()
+    if args.repeats < 1 or args.episodes < 1:
+        parser.error(f"--repeats and --episodes must be at least 1, got {args.repeats} and {args.episodes}")
     if args.micro_batch < 1 or args.episodes % args.micro_batch:
         parser.error(f"--episodes ({args.episodes}) must divide by --micro_batch ({args.micro_batch})")
     if not 0 < args.actions < args.tokens:

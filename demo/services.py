@@ -77,7 +77,9 @@ class ServiceProcess:
         deadline = time.time() + self.timeout
         while time.time() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"service exited with {self.process.returncode}: {self.read_log()}")
+                log = self.read_log()
+                self.stop()  # closes the log
+                raise RuntimeError(f"service exited with {self.process.returncode}: {log}")
             try:
                 if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
                     return self

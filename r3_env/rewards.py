@@ -95,7 +95,10 @@ def r3_gold_step_rewards(episode: Episode, config: R3RewardConfig | None = None)
     gold passages the step found first. A search that finds nothing new earns nothing, so searching again
     does not pay, and the relevance of an episode sums to at most 1."""
     if episode.gold_total < 1:
-        raise ValueError("r3_gold needs the gold passages of each question: give labels with gold_ids")
+        raise ValueError(
+            "r3_gold needs the gold passages of each question: give labels with gold_ids "
+            "(r3_env.data.read_label reads supporting_passage_ids or gold_ids)"
+        )
     if len(episode.new_gold) != episode.retrievals:
         raise ValueError("r3_gold needs the gold passages each retrieval step found first (Episode.new_gold)")
     relevance = [found / episode.gold_total for found in episode.new_gold]
@@ -334,6 +337,8 @@ def _r3(**options) -> RewardScheme:
 
 
 def _r3_gold(**options) -> RewardScheme:
+    if options.get("process_rewards") is False:
+        raise ValueError("r3_gold is R3's process reward: without process_rewards it is the outcome scheme")
     config = R3RewardConfig(**options)
     return RewardScheme(
         "r3_gold", lambda episode: r3_gold_step_rewards(episode, config), needs_relevance=False, needs_gold=True

@@ -24,3 +24,5 @@ def test_the_bench_times_both_entropy_variants_and_refuses_a_bad_shape(tmp_path,
     assert [cells[3].strip() for cells in rows][0] == "1.00x" and all(float(cells[2]) > 0 for cells in rows)
     refused = bench("--policy", str(policy), "--episodes", "3")
     assert refused.returncode == 2 and "--episodes (3) must divide by --micro_batch (2)" in refused.stderr
+    refused = bench("--policy", str(policy), "--repeats", "0")
+    assert refused.returncode == 2 and "--repeats and --episodes must be at least 1, got 0 and 4" in refused.stderr

@@ -87,6 +87,8 @@ def test_r3_gold_reads_each_steps_relevance_from_the_gold_passages_it_found_firs
         scheme.step_rewards(Episode(Outcome.CORRECT, [0.0]))
     with pytest.raises(ValueError, match="retrieval step found first"):
         scheme.step_rewards(Episode(Outcome.CORRECT, [0.0], gold_total=2))
+    with pytest.raises(ValueError, match="without process_rewards it is the outcome scheme"):
+        get_scheme("r3_gold", process_rewards=False)
 
 
 def test_registry_and_validation():

@@ -62,7 +62,7 @@ def test_a_service_that_never_gets_healthy_is_stopped_and_its_log_reported(tmp_p
 
     silent = tmp_path / "silent.py"
     silent.write_text("import time\nprint('listening nowhere', flush=True)\ntime.sleep(600)\n")
-    service = ServiceProcess([], script=str(silent), timeout=3.0, log=tmp_path / "silent.log")
-    with pytest.raises(RuntimeError, match="did not become healthy in 3.0 s: listening nowhere"):
+    service = ServiceProcess([], script=str(silent), timeout=10.0, log=tmp_path / "silent.log")
+    with pytest.raises(RuntimeError, match="did not become healthy in 10.0 s: listening nowhere"):
         service.start()
     assert service.process.poll() is not None  # stopped
