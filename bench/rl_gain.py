@@ -546,7 +546,7 @@ def main() -> None:
     except ValueError as error:  # --set settings PPO refuses: the message names them
         sys.exit(str(error))
     # sft first (every difference is to it), the RL arms before sft_more (it matches their wall time)
-    ordered = sorted(set(arms) | {"sft"}, key=["sft", "rl_process", "rl_outcome", "rl_gold", "rft", "sft_more"].index)
+    ordered = sorted(set(arms) | {"sft"}, key=["sft", *RL_SCHEMES, "rft", "sft_more"].index)
     jobs = [("sft", None)] + [(arm, seed) for arm in ordered if arm != "sft" for seed in args.seed_list]
     results: dict[str, list[dict[str, Any]]] = defaultdict(list)
     per_seed: dict[str, list[dict[str, Any]]] = defaultdict(list)

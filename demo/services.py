@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import NoReturn
 
 
 def free_port() -> int:
@@ -77,18 +78,19 @@ class ServiceProcess:
         deadline = time.time() + self.timeout
         while time.time() < deadline:
             if self.process.poll() is not None:
-                log = self.read_log()
-                self.stop()  # closes the log
-                raise RuntimeError(f"service exited with {self.process.returncode}: {log}")
+                self._give_up(f"service exited with {self.process.returncode}")
             try:
                 if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
                     return self
             except httpx.TransportError:
                 pass
             time.sleep(0.2)
+        self._give_up(f"service did not become healthy in {self.timeout} s")
+
+    def _give_up(self, reason: str) -> NoReturn:
         log = self.read_log()  # before stop() closes it
         self.stop()
-        raise RuntimeError(f"service did not become healthy in {self.timeout} s: {log}")
+        raise RuntimeError(f"{reason}: {log}")
 
     def read_log(self) -> str:
         if not self._log.closed:

@@ -329,14 +329,10 @@ class PPOTrainer:
                 log_probs, batch.action_log_probs.to(self.device), batch.advantages.to(self.device), action_mask=mask
             )
             logits = output["logits"][:, :-1][:, -mask.shape[1] :]  # the positions that predict the actions
-            if self.ppo.entropy_coef:
+            # at entropy_coef 0 it is logged only: no graph through a softmax over the vocabulary at every position
+            with torch.set_grad_enabled(bool(self.ppo.entropy_coef)):
                 entropy = masked_mean(self.entropy(logits), mask)
-                objective = loss - self.ppo.entropy_coef * entropy
-            else:  # logged only: no graph through a softmax over the vocabulary at every position
-                with torch.no_grad():
-                    entropy = masked_mean(self.entropy(logits), mask)
-                objective = loss
-            (share * objective).backward()
+            (share * (loss - self.ppo.entropy_coef * entropy)).backward()
             for name, value in (
                 ("policy_loss", loss),
                 ("entropy", entropy),
