@@ -44,7 +44,8 @@ bench/real_data_learning.py does).
 
 Each (arm, seed) trains into OUT/ARM/seedS/train (a rerun resumes) and keeps its per-question scores in
 OUT/ARM/seedS/result.json, so seeds can run in separate invocations and the table is rebuilt from every
-result there. The table is printed (markdown) and written to OUT/rl_gain.md and OUT/rl_gain.json.
+result there. An RL arm's training episodes (steps, queries, documents, outcome;
+``policy.trajectory_log``) are appended to OUT/ARM/seedS/train/trajectories.jsonl in rollout order. The table is printed (markdown) and written to OUT/rl_gain.md and OUT/rl_gain.json.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ RATES = ("em", "f1", "full_recall", "answered", "format_error")  # shown in %
 LABELS = {"em": "EM", "f1": "F1", "full_recall": "Full-Recall", "docs": "docs", "answered": "answered",
           "format_error": "format err"}  # fmt: skip
 RESULT = "result.json"
+TRAJECTORIES = "trajectories.jsonl"  # an RL arm's training episodes, in its train folder
 BM25 = "bm25"
 
 
@@ -290,7 +292,11 @@ class RLGain:
 
     def train_rl(self, arm: str, seed: int) -> tuple[Path, float]:
         folder = self.folder(arm, seed)
-        settings = {"seed": seed, "reward.scheme": RL_SCHEMES[arm], "ppo.iterations": self.iterations, **self.settings}
+        # every training episode's record (steps, queries, documents, outcome), in rollout order, for reading back
+        # what the arm learned
+        trajectories = str(folder / "train" / TRAJECTORIES)
+        settings = {"seed": seed, "reward.scheme": RL_SCHEMES[arm], "ppo.iterations": self.iterations,
+                    "policy.trajectory_log": trajectories, **self.settings}  # fmt: skip
         return self.timed(folder, lambda: self.demo.ppo_again(settings, folder / "train", self.urls, self.start))
 
     def sft_config(self, data: Path | str, out: Path, seed: int, epochs: int) -> Any:

@@ -1,12 +1,12 @@
 """The report's training section: curves from a ``r3rag train local`` run's ``metrics.jsonl``.
 
 PPO curves are per iteration: mean episode reward, outcome shares, the dev-set reward (greedy
-episodes, ``ppo.eval_prompts``), losses, retrievals per episode (RC), steps and documents per
-episode, and where each iteration's time went. SFT's loss is per optimizer step.
+episodes, ``ppo.eval_prompts``), losses, steps and documents per episode, and where each
+iteration's time went. SFT's loss is per optimizer step.
 
 The Health group (:mod:`r3_env.train.health`) charts the signs of a policy going wrong: the shares
 of unanswered episodes and format errors, of blank, repeated and copied queries, the retrievals per
-episode, the KL to the reference and the entropy, with the monitor's warnings from
+episode (RC), the KL to the reference and the entropy, with the monitor's warnings from
 ``ppo/health.jsonl`` below them and the best policy's iteration and dev reward from
 ``ppo/best_policy/best.json``.
 
@@ -41,7 +41,6 @@ CHARTS: list[tuple[str, str, str, list[tuple[str, str]], bool]] = [
     ),
     ("ppo", "Dev-set reward (greedy episodes)", "reward", [("dev_reward", "dev reward")], False),
     ("ppo", "Losses", "loss", [("value_loss", "value loss"), ("policy_loss", "policy loss")], False),
-    ("ppo", "Retrievals per episode (RC)", "RC", [("retrievals", "RC")], False),
     (
         "ppo",
         "Steps and documents per episode",
@@ -85,7 +84,7 @@ HEALTH_CHARTS: list[tuple[str, str, str, list[tuple[str, str]], bool]] = [
         ],
         True,
     ),
-    ("ppo", "Retrievals per episode (drift)", "RC", [("retrievals", "retrievals")], False),
+    ("ppo", "Retrievals per episode (RC)", "RC", [("retrievals", "RC")], False),
     ("ppo", "KL to the reference policy", "KL", [("kl", "KL")], False),
     ("ppo", "Policy entropy", "nats per token", [("entropy", "entropy")], False),
 ]

@@ -15,6 +15,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from rl_gain import build_table, format_table
 
 from eval.compare import paired_bootstrap, seeded_paired_bootstrap
+from r3_env.data import iter_jsonl
 
 ARMS = ("sft", "sft_more", "rl_process", "rl_outcome", "rl_gold", "rft")
 SCHEMES = {"rl_process": "r3", "rl_outcome": "outcome", "rl_gold": "r3_gold"}
@@ -137,6 +138,9 @@ def test_every_arm_trains_from_the_sft_policy_and_the_table_has_their_rows_and_c
                 config = json.loads((out / arm / f"seed{seed}" / "train" / "config.json").read_text())
                 assert config["ppo"]["iterations"] == 1 and config["run"]["seed"] == seed
                 assert config["reward"]["scheme"] == SCHEMES[arm]
+                # its training episodes, each with its steps and outcome, for reading back what it learned
+                episodes = [row for _, row in iter_jsonl(out / arm / f"seed{seed}" / "train" / "trajectories.jsonl")]
+                assert len(episodes) == 16 and all(row["steps"] and row["outcome"] for row in episodes)
     plan = json.loads((out / "sft_more" / "seed0" / "plan.json").read_text())
     assert plan["epochs"] >= 1 and plan["target_s"] > 0 and 0 < plan["share"] <= 1
     config = json.loads((out / "sft_more" / "seed0" / "train" / "config.json").read_text())

@@ -309,6 +309,33 @@ def test_group_filter_keeps_only_questions_whose_samples_differ():
             PPOConfig(filter_groups=True, **settings)
 
 
+def test_a_scheme_that_needs_gold_ids_refuses_prompts_without_them(world, tmp_path):
+    from r3_env.data import write_jsonl
+    from r3_env.train.ppo import PPOTrainer
+
+    rows = [item.to_json() for item in world["items"][:3]]
+    for row in rows:  # a copy: the module's items keep their gold ids
+        row["metadata"] = {k: v for k, v in row["metadata"].items() if k != "supporting_passage_ids"}
+    write_jsonl(tmp_path / "no_gold.jsonl", rows)
+    gold_reward = dataclasses.replace(world["rollout"].reward, scheme="r3_gold")
+    rollout = dataclasses.replace(world["rollout"], reward=gold_reward)
+    run = RunConfig(out=str(tmp_path / "run"), seed=3, device="cpu")
+    for prompts, refused in ((tmp_path / "no_gold.jsonl", True), (world["root"] / "world" / "train.jsonl", False)):
+        config = PPOConfig(prompts=str(prompts), rollout_batch_size=2, n_samples_per_prompt=2, micro_batch_size=2,
+                           train_batch_size=4)  # fmt: skip
+        trainer = PPOTrainer(run, ModelConfig(policy=str(world["policy"])), config, rollout, str(world["policy"]))
+        try:
+            if refused:
+                with pytest.raises(ValueError, match=r"r3_gold needs gold passage ids.*none of the 3 questions.*"
+                                                     r"metadata\.supporting_passage_ids"):  # fmt: skip
+                    trainer.load_prompts()
+            else:
+                trainer.load_prompts()
+                assert trainer.items
+        finally:
+            trainer.close()
+
+
 def script_one_right_one_wrong(trainer, world) -> None:
     """Two prompts, one answered right and one wrong by the scripted engine: the advantages differ."""
     trainer.load_prompts()

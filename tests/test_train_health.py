@@ -283,7 +283,7 @@ def test_the_report_shows_the_health_charts_warnings_and_best_policy(tmp_path):
     assert [title for title, group in groups.items() if group == "health"] == [
         "Unanswered episodes and format errors",
         "Blank, repeated and copied queries",
-        "Retrievals per episode (drift)",
+        "Retrievals per episode (RC)",
         "KL to the reference policy",
         "Policy entropy",
     ]

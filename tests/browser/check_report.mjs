@@ -76,7 +76,7 @@ async function overview(page) {
     categoryRows: await page.locator("#categories-table tbody tr").evaluateAll((rows) =>
       rows.map((row) => [...row.querySelectorAll("td")].map((td) => td.textContent))),
     stageSwitch: (await page.locator("#stage-switch").allTextContents())[0] ?? null,
-    training: await page.locator("#training-plots figure").evaluateAll((figures) => {
+    training: await page.locator("#training-plots figure, #health-plots figure").evaluateAll((figures) => {
       const middle = (node) => { const box = node.getBoundingClientRect(); return box.x + box.width / 2; };
       return figures.map((figure) => ({
         caption: figure.querySelector("figcaption").textContent,
