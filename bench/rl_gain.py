@@ -45,7 +45,8 @@ bench/real_data_learning.py does).
 Each (arm, seed) trains into OUT/ARM/seedS/train (a rerun resumes) and keeps its per-question scores in
 OUT/ARM/seedS/result.json, so seeds can run in separate invocations and the table is rebuilt from every
 result there. An RL arm's training episodes (steps, queries, documents, outcome;
-``policy.trajectory_log``) are appended to OUT/ARM/seedS/train/trajectories.jsonl in rollout order. The table is printed (markdown) and written to OUT/rl_gain.md and OUT/rl_gain.json.
+``policy.trajectory_log``) are appended to OUT/ARM/seedS/train/trajectories.jsonl in rollout order. The
+table is printed (markdown) and written to OUT/rl_gain.md and OUT/rl_gain.json.
 """
 
 from __future__ import annotations

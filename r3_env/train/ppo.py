@@ -208,8 +208,8 @@ class PPOTrainer:
         ):  # every episode would score neutral and train nothing
             raise ValueError(
                 f"reward.scheme {reward.scheme} needs gold passage ids, and none of the {len(self.items)} questions "
-                f"in ppo.prompts {self.ppo.prompts} has them: add metadata.supporting_passage_ids (or a top-level gold_ids) to "
-                "the rows, or choose a scheme that does not need them"
+                f"in ppo.prompts {self.ppo.prompts} has them: add metadata.supporting_passage_ids (or a top-level "
+                "gold_ids) to the rows, or choose a scheme that does not need them"
             )
         if self.ppo.eval_prompts:
             self.dev_items = read_dataset(self.ppo.eval_prompts)[: self.ppo.eval_questions or None]
