@@ -56,7 +56,6 @@ import torch
 from r3_env.data import QAItem, read_dataset, read_label
 from r3_env.engines import HFEngine, SamplingParams, TokenEngine
 from r3_env.episode import ROLLOUT_OUTCOMES
-from r3_env.rewards import get_scheme
 from r3_env.rollout_config import RolloutConfig
 from r3_env.train import openrlhf_cpu
 from r3_env.train.config import HealthConfig, ModelConfig, PPOConfig, RunConfig
@@ -202,14 +201,13 @@ class PPOTrainer:
         self.items = read_dataset(self.ppo.prompts)
         if not self.items:
             raise ValueError(f"ppo.prompts {self.ppo.prompts} holds no questions")
-        reward = self.rollout_config.reward
-        if get_scheme(reward.scheme, **reward.options).needs_gold and not any(
-            read_label(_label(item)).gold_ids for item in self.items
-        ):  # every episode would score neutral and train nothing
+        if self.context.scheme.needs_gold and not any(read_label(_label(item)).gold_ids for item in self.items):
+            # every episode would score neutral (RolloutContext.label_problem) and train nothing
             raise ValueError(
-                f"reward.scheme {reward.scheme} needs gold passage ids, and none of the {len(self.items)} questions "
-                f"in ppo.prompts {self.ppo.prompts} has them: add metadata.supporting_passage_ids (or a top-level "
-                "gold_ids) to the rows, or choose a scheme that does not need them"
+                f"reward.scheme {self.rollout_config.reward.scheme} needs gold passage ids, and none of the "
+                f"{len(self.items)} questions in ppo.prompts {self.ppo.prompts} has them: add "
+                "metadata.supporting_passage_ids (or a top-level gold_ids) to the rows, or choose a scheme that does "
+                "not need them"
             )
         if self.ppo.eval_prompts:
             self.dev_items = read_dataset(self.ppo.eval_prompts)[: self.ppo.eval_questions or None]
