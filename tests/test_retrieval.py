@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -98,6 +99,27 @@ def test_bm25_query_of_stopwords_alone_finds_nothing_instead_of_failing(built):
     assert [len(row) for row in hits] == [0, 3, 0, 0] and hits[1][0].passage.title == title
     with load_retriever(bm25_config(built)) as retriever:
         assert retriever.search(["and the"], 3) == [[]]
+
+
+@pytest.mark.parametrize("chosen, expected", [(None, "cpu"), ("cuda", "cuda")])
+def test_bm25_keeps_jax_off_the_gpu_unless_the_user_chose(chosen, expected):
+    """bm25s runs a JAX top-k when imported; on a GPU machine with JAX that first use took 75% of the GPU in every
+    process importing bm25s, and the policy ran out of memory (seen on an H100). There is no GPU or JAX here, so
+    this checks what reaches JAX: JAX_PLATFORMS is cpu after the retriever loads bm25s, and a user's choice stays."""
+    env = {key: value for key, value in os.environ.items() if key != "JAX_PLATFORMS"}
+    if chosen:
+        env["JAX_PLATFORMS"] = chosen
+    script = (
+        "import os\n"
+        "from r3_env.data import Passage\n"
+        "from r3_env.retrieval.bm25 import BM25Retriever\n"
+        "retriever = BM25Retriever.from_passages([Passage.from_title_text('1', 'Oslo', 'Oslo is a city.')])\n"
+        "assert retriever.search(['Oslo'], 1)[0][0].passage.id == '1'\n"
+        "print(os.environ.get('JAX_PLATFORMS'))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == expected
 
 
 def test_bm25_rankings_equal_flashrag_bm25_retriever(built):

@@ -488,7 +488,7 @@ class PPOTrainer:
             if self.metrics is not None:
                 self.metrics.log("ppo", self.iteration, values)
             logger.info(
-                "PPO %d/%d: reward %.3f, correct %.0f%%, KL %.4f, entropy %.3f, value loss %.4f%s (%.1f s: "
+                "PPO %d/%d: reward %.3f, correct %.0f%%, KL %.4f, entropy %.3f%s%s (%.1f s: "
                 "%sgeneration %.1f, retrieval %.2f, judging %.2f, training %.1f)",
                 self.iteration,
                 self.ppo.iterations,
@@ -496,7 +496,7 @@ class PPOTrainer:
                 100 * values["correct"],
                 values.get("kl", math.nan),
                 values.get("entropy", float("nan")),
-                values.get("value_loss", float("nan")),
+                f", value loss {values['value_loss']:.4f}" if "value_loss" in values else "",
                 f", dev reward {values['dev_reward']:.3f}" if "dev_reward" in values else "",
                 values["iteration_s"],
                 f"weight sync {values['sync_s']:.1f}, " if "sync_s" in values else "",
