@@ -45,5 +45,5 @@ def enable() -> list[str]:
     missing = [name for name in ("flash_attn", "vllm") if not _installed(name)]
     if missing and str(STANDINS) not in sys.path:
         sys.path.append(str(STANDINS))
-        logger.info("import stand-ins for %s (no CUDA build here: OpenRLHF runs its torch paths)", ", ".join(missing))
+        logger.info("import stand-ins for %s (not installed: OpenRLHF runs its torch paths)", ", ".join(missing))
     return missing
