@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -35,8 +36,12 @@ def _bm25s():
     # Where JAX is installed, bm25s runs a JAX top-k when it is imported, and JAX's first use on a GPU machine
     # takes 75% of the GPU's memory: every process that imports bm25s (the demo, the retrieval service) did,
     # and the policy then ran out of memory on an H100. bm25s's top-k needs no GPU, so JAX stays on the CPU
-    # unless the user chose its platforms.
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    # unless the user chose its platforms. JAX reads the variable when it is imported (child processes inherit
+    # it), so a JAX imported before this point gets the setting through its config.
+    if "JAX_PLATFORMS" not in os.environ:
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        if "jax" in sys.modules:
+            sys.modules["jax"].config.update("jax_platforms", "cpu")
     import bm25s
     import Stemmer
 
