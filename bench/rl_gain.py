@@ -11,9 +11,9 @@ continues SFT from it). The arms:
 
 - ``sft``: the start itself (evaluated once: greedy decoding has no seed);
 - ``sft_more``: SFT continued on the demo's cold-start SFT data for the wall time the RL arms took at
-  the same seed (their mean, read from their saved timings; ``--sft_more_seconds`` sets it): as many
-  epochs as fit in it at the demo's own SFT speed, or under one epoch's time one epoch over that share
-  of the examples (the compute control; its own wall time is reported beside the RL arms');
+  the same seed (their mean, read from their saved timings; ``--sft_more_seconds`` sets it): one epoch
+  over as many passes of the examples as fit in it at the demo's own SFT speed, whole copies and then a
+  seeded share for the fraction (the compute control; its own wall time is reported beside the RL arms');
 - ``rl_process``: PPO with the R3 reward (``reward.scheme r3``: per-step relevance, outcome-scaled);
 - ``rl_outcome``: PPO with the outcome reward (``reward.scheme outcome``), everything else equal;
 - ``rl_gold``: PPO with the R3 reward whose per-step relevance comes from the labels, not a judge
@@ -201,6 +201,18 @@ def seed_summary(result: dict[str, Any]) -> dict[str, Any]:
     return {"seed": result["seed"], "train_s": result["train_s"], **means}
 
 
+def sft_passes(rows: list[dict[str, Any]], passes: float, seed: int) -> list[dict[str, Any]]:
+    """``passes`` passes over ``rows`` as one list: whole copies, then a seeded share for the fraction left
+    (at least one row). Rounding to whole epochs would under- or over-spend the compute control by up to
+    half an epoch."""
+    if passes <= 0 or not rows:
+        raise ValueError(f"sft_more needs a positive number of passes over some examples, not {passes} over "
+                         f"{len(rows)}: check the RL arms' timings and the demo's SFT data")  # fmt: skip
+    whole, fraction = divmod(passes, 1.0)
+    chosen = rows * int(whole) + random.Random(seed).sample(rows, round(fraction * len(rows)))
+    return chosen or rows[:1]
+
+
 def sft_seconds_per_epoch(run: Path) -> float:
     """A training run's SFT seconds per epoch: its median step interval (a pause between a killed run and its
     resumption does not count) times its steps per epoch, from its metrics.jsonl."""
@@ -328,28 +340,25 @@ class RLGain:
         data = demo_train["sft"]["data"]
         per_epoch = sft_seconds_per_epoch(self.demo.out / "train")
         folder = self.folder("sft_more", seed)
+        examples = folder / "sft.jsonl"
         saved = folder / "plan.json"  # fixed once: a resumed run keeps it
         if saved.is_file():
             plan = json.loads(saved.read_text())
         else:
-            # whole epochs, or under one epoch's time one epoch over a seeded share of the examples
-            share = min(1.0, target / per_epoch)
-            plan = {"target_s": round(target, 1), "demo_sft_s_per_epoch": round(per_epoch, 1),
-                    "epochs": max(1, round(target / per_epoch)), "share": share}  # fmt: skip
-            if share < 1.0:
-                from r3_env.data import iter_jsonl, write_jsonl
+            # one epoch over as many passes of the examples as fit in the target at the demo's SFT speed
+            from r3_env.data import iter_jsonl, write_jsonl
 
-                rows = [row for _, row in iter_jsonl(data)]
-                rows = random.Random(seed).sample(rows, max(1, math.ceil(share * len(rows))))
-                write_jsonl(folder / "sft.jsonl", rows)
-            folder.mkdir(parents=True, exist_ok=True)
+            rows = [row for _, row in iter_jsonl(data)]
+            passes = target / per_epoch
+            chosen = sft_passes(rows, passes, seed)
+            write_jsonl(examples, chosen)
+            plan = {"target_s": round(target, 1), "demo_sft_s_per_epoch": round(per_epoch, 1),
+                    "passes": round(passes, 3), "examples": len(chosen), "of": len(rows)}  # fmt: skip
             saved.write_text(json.dumps(plan) + "\n")
-        if plan["share"] < 1.0:
-            data = str(folder / "sft.jsonl")
-        logger.info("sft_more seed %d: %d epoch(s) over %.0f%% of %s to match %.0f s of RL (the demo's SFT: %.0f s an "
-                    "epoch)", seed, plan["epochs"], 100 * plan["share"], data, plan["target_s"],
+        logger.info("sft_more seed %d: %.2f passes over %s (%d examples) to match %.0f s of RL (the demo's SFT: %.0f "
+                    "s an epoch)", seed, plan["passes"], data, plan["examples"], plan["target_s"],
                     plan["demo_sft_s_per_epoch"])  # fmt: skip
-        config = self.sft_config(data, folder / "train", seed, plan["epochs"])
+        config = self.sft_config(examples, folder / "train", seed, 1)
         policy, spent = self.timed(folder, lambda: train_local(config, stages=("sft",))["sft"])
         return policy, spent, plan
 

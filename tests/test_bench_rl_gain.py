@@ -12,7 +12,7 @@ from conftest import ROOT, run_r3rag
 
 sys.path.insert(0, str(ROOT / "bench"))
 
-from rl_gain import build_table, format_table
+from rl_gain import build_table, format_table, sft_passes
 
 from eval.compare import paired_bootstrap, seeded_paired_bootstrap
 from r3_env.data import iter_jsonl
@@ -96,6 +96,18 @@ def test_the_table_averages_seeds_per_question_and_groups_by_dataset_and_type():
     assert text.rstrip().endswith("a note")
 
 
+def test_sft_more_spends_the_fraction_of_an_epoch_too_not_a_rounded_epoch_count():
+    rows = [{"id": i} for i in range(10)]
+    chosen = sft_passes(rows, 1.42, seed=0)
+    counts = [sum(row["id"] == i for row in chosen) for i in range(10)]
+    assert len(chosen) == 14 and sorted(counts) == [1] * 6 + [2] * 4  # every example once, four of them twice
+    assert sft_passes(rows, 1.42, seed=0) == chosen and sft_passes(rows, 1.42, seed=1) != chosen
+    assert len(sft_passes(rows, 2.0, seed=0)) == 20 and len(sft_passes(rows, 0.3, seed=0)) == 3
+    assert len(sft_passes(rows, 0.01, seed=0)) == 1  # never an empty epoch
+    with pytest.raises(ValueError, match="positive number of passes"):
+        sft_passes(rows, 0.0, seed=0)
+
+
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     out = tmp_path_factory.mktemp("rl-gain") / "demo"
@@ -142,11 +154,12 @@ def test_every_arm_trains_from_the_sft_policy_and_the_table_has_their_rows_and_c
                 episodes = [row for _, row in iter_jsonl(out / arm / f"seed{seed}" / "train" / "trajectories.jsonl")]
                 assert len(episodes) == 16 and all(row["steps"] and row["outcome"] for row in episodes)
     plan = json.loads((out / "sft_more" / "seed0" / "plan.json").read_text())
-    assert plan["epochs"] >= 1 and plan["target_s"] > 0 and 0 < plan["share"] <= 1
+    assert plan["passes"] > 0 and plan["target_s"] > 0 and plan["examples"] >= 1
     config = json.loads((out / "sft_more" / "seed0" / "train" / "config.json").read_text())
     assert config["model"]["policy"] == str(demo / "train" / "sft" / "policy")
-    if plan["share"] < 1:  # PPO on a tiny budget takes less than an epoch of SFT: a share of the examples
-        assert config["sft"]["data"] == str(out / "sft_more" / "seed0" / "sft.jsonl")
+    # one epoch over the passes that match the RL arms' time, written out
+    assert config["sft"]["data"] == str(out / "sft_more" / "seed0" / "sft.jsonl") and config["sft"]["epochs"] == 1
+    assert len(list(iter_jsonl(out / "sft_more" / "seed0" / "sft.jsonl"))) == plan["examples"]
     rft = json.loads((out / "rft" / "seed0" / "rft.json").read_text())
     assert rft["episodes"] == 16 and 0 <= rft["correct"] <= 16
     table = (out / "rl_gain.md").read_text()
