@@ -40,7 +40,8 @@ draw, and one SFT run's EM varies by 2-5 points on the world), and single-shot B
 documents as a row: the question as the one query, top-K with K the ``rl_process`` arm's mean documents
 read per dataset (``sft``'s without it), retrieval only on the world (Full-Recall), read by the demo's
 untrained model on real questions (naive RAG, as
-bench/real_data_learning.py does).
+bench/real_data_learning.py does). With ``sft_more`` in OUT, a second table gives every other trained arm
+minus ``sft_more`` per dataset, the same way: the comparison that says whether RL beat more SFT.
 
 Each (arm, seed) trains into OUT/ARM/seedS/train (a rerun resumes) and keeps its per-question scores in
 OUT/ARM/seedS/result.json, so seeds can run in separate invocations and the table is rebuilt from every
@@ -110,9 +111,10 @@ def build_table(
     questions: dict[str, dict[str, str]],
     resamples: int = 2000,
     seed: int = 0,
+    base: str = "sft",
 ) -> list[dict[str, Any]]:
     """The table's rows: per group of questions (each dataset, each dataset's question types, all of them when
-    there are several datasets) and per arm, the means and the paired differences to ``sft``.
+    there are several datasets) and per arm, the means and the paired differences to ``base``.
 
     ``arms``: arm -> its seeds' per-question scores (question key -> metric -> value); ``questions``:
     question key -> {"dataset", "type"}, the questions every arm is compared on.
@@ -129,7 +131,7 @@ def build_table(
         order.append(name)
         types = sorted(g for g in groups if g.startswith(f"{name} / "))
         order += types if len(types) > 1 else []
-    base = arms.get("sft")
+    reference = arms.get(base)
     rows = []
     for group in order:
         keys = groups[group]
@@ -140,13 +142,13 @@ def build_table(
                 mine = {key: seed_mean(per_seed, key, metric) for key in keys}
                 values = [v for v in mine.values() if v is not None]
                 row["mean"][metric] = statistics.fmean(values) if values else None
-                if base is None:
+                if reference is None:
                     continue
-                paired = [key for key in keys if all(scored(rows, key, metric) for rows in (*per_seed, *base))]
+                paired = [key for key in keys if all(scored(rows, key, metric) for rows in (*per_seed, *reference))]
                 if paired:
                     row["diff"][metric] = seeded_paired_bootstrap(
                         [[rows[key][metric] for key in paired] for rows in per_seed],
-                        [[rows[key][metric] for key in paired] for rows in base],
+                        [[rows[key][metric] for key in paired] for rows in reference],
                         resamples,
                         seed,
                     )
@@ -154,8 +156,8 @@ def build_table(
     return rows
 
 
-def format_table(rows: list[dict[str, Any]], note: str = "") -> str:
-    """The rows as markdown, one table per group of questions."""
+def format_table(rows: list[dict[str, Any]], note: str = "", base: str = "sft") -> str:
+    """The rows as markdown, one table per group of questions (differences to ``base``)."""
 
     def cell(value: float | None, metric: str) -> str:
         if value is None:
@@ -173,10 +175,11 @@ def format_table(rows: list[dict[str, Any]], note: str = "") -> str:
     for metric in METRICS:
         header.append(LABELS[metric] + (" %" if metric in RATES else ""))
         if metric in CI_METRICS:
-            header.append(f"Δ{LABELS[metric]} vs sft [95% CI]")
+            header.append(f"Δ{LABELS[metric]} vs {base} [95% CI]")
     lines = []
     for group in dict.fromkeys(row["group"] for row in rows):
-        lines += [f"\n### {group}\n", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        title = group if base == "sft" else f"{group} against {base}"
+        lines += [f"\n### {title}\n", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for row in (r for r in rows if r["group"] == group):
             cells = [row["arm"], str(row["seeds"]), str(row["questions"])]
             for metric in METRICS:
@@ -602,6 +605,13 @@ def main() -> None:
             f"seeds first; BM25's K "
             f"matches {'rl_process' if 'rl_process' in results else 'sft'}'s documents read")  # fmt: skip
     table = format_table(rows, note)
+    # the goal's second comparison: each trained arm against the compute control, per dataset
+    control = []
+    if "sft_more" in results and len(listed) > 2:
+        trained = {arm: results[arm] for arm in listed if arm != "sft"}
+        control = [row for row in build_table(trained, bench.questions, args.resamples, base="sft_more")
+                   if row["arm"] != "sft_more" and " / " not in row["group"]]  # fmt: skip
+        table += "\n" + format_table(control, "Δ: arm minus sft_more, the same paired bootstrap", base="sft_more")
     table += "\nEach seed's means over every question (EM %, F1 %, training wall time):\n\n"
     for arm in (arm for arm in ARMS if arm in per_seed):
         cells = [f"seed {'-' if m['seed'] is None else m['seed']}: {100 * m['em']:.1f}, {100 * m['f1']:.1f}, "
@@ -611,7 +621,7 @@ def main() -> None:
     seeds = {arm: len(saved) for arm, saved in results.items()}
     summary = {"demo": str(Path(args.demo).resolve()), "arms": listed, "seeds": seeds,
                "questions": len(bench.questions), "episodes": bench.iterations * bench.per_iteration,
-               "bm25_k": ks, "per_seed": per_seed, "rows": rows,
+               "bm25_k": ks, "per_seed": per_seed, "rows": rows, "vs_sft_more": control,
                "seconds": round(time.perf_counter() - started)}  # fmt: skip
     (out / "rl_gain.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "rl_gain.md").write_text(table)

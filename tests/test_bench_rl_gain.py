@@ -96,6 +96,18 @@ def test_the_table_averages_seeds_per_question_and_groups_by_dataset_and_type():
     assert text.rstrip().endswith("a note")
 
 
+def test_the_control_table_takes_each_trained_arm_minus_sft_more():
+    questions = {"a/1": {"dataset": "a", "type": "x"}, "a/2": {"dataset": "a", "type": "x"}}
+    more = [{"a/1": _scores(1.0), "a/2": _scores(0.0)}]
+    rl = [{key: _scores(1.0) for key in questions}]
+    rows = build_table({"sft_more": more, "rl_gold": rl}, questions, resamples=200, base="sft_more")
+    by = {row["arm"]: row for row in rows}
+    assert by["rl_gold"]["diff"]["em"]["mean"] == 0.5 and by["sft_more"]["diff"]["em"]["mean"] == 0.0
+    text = format_table([by["rl_gold"]], base="sft_more")
+    assert "### a against sft_more" in text and "ΔEM vs sft_more [95% CI]" in text
+    assert "| rl_gold | 1 | 2 | 100.0 | +50.0 [" in text
+
+
 def test_sft_more_spends_the_fraction_of_an_epoch_too_not_a_rounded_epoch_count():
     rows = [{"id": i} for i in range(10)]
     chosen = sft_passes(rows, 1.42, seed=0)
@@ -132,6 +144,10 @@ def test_every_arm_trains_from_the_sft_policy_and_the_table_has_their_rows_and_c
     rows = [row for row in summary["rows"] if row["group"] == "world"]
     arms = [row["arm"] for row in rows]
     assert arms[:6] == list(ARMS) and arms[6].startswith("single-shot BM25 @K (world K=")
+    # the goal's second comparison: every trained arm against the compute control, on the same questions
+    control = summary["vs_sft_more"]
+    assert [row["arm"] for row in control] == ["rl_process", "rl_outcome", "rl_gold", "rft"]
+    assert all(row["group"] == "world" and row["diff"]["em"]["n"] == 6 for row in control)
     for row in rows:
         assert row["questions"] == 6
         for metric, diff in row["diff"].items():
