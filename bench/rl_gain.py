@@ -207,13 +207,14 @@ def seed_summary(result: dict[str, Any]) -> dict[str, Any]:
 def sft_passes(rows: list[dict[str, Any]], passes: float, seed: int) -> list[dict[str, Any]]:
     """``passes`` passes over ``rows`` as one list: whole copies, then a seeded share for the fraction left
     (at least one row). Rounding to whole epochs would under- or over-spend the compute control by up to
-    half an epoch."""
-    if passes <= 0 or not rows:
+    half an epoch. Trained as one epoch, it checkpoints only at its end, as the demo's one-epoch SFT does."""
+    if not (passes > 0 and math.isfinite(passes)) or not rows:
         raise ValueError(f"sft_more needs a positive number of passes over some examples, not {passes} over "
                          f"{len(rows)}: check the RL arms' timings and the demo's SFT data")  # fmt: skip
     whole, fraction = divmod(passes, 1.0)
-    chosen = rows * int(whole) + random.Random(seed).sample(rows, round(fraction * len(rows)))
-    return chosen or rows[:1]
+    share = round(fraction * len(rows))
+    rest = random.Random(seed).sample(rows, share if whole or share else 1)
+    return rows * int(whole) + rest
 
 
 def sft_seconds_per_epoch(run: Path) -> float:
@@ -225,6 +226,8 @@ def sft_seconds_per_epoch(run: Path) -> float:
     if len(rows) < 2:
         raise ValueError(f"{run}: too few SFT steps in its metrics.jsonl to time an epoch of SFT")
     step = statistics.median(b["time"] - a["time"] for a, b in zip(rows, rows[1:], strict=False))
+    if step <= 0:
+        raise ValueError(f"{run}: its metrics.jsonl times SFT steps at {step} s: the step times are not usable")
     return step * len(rows) / max(row["epoch"] for row in rows)
 
 
@@ -273,7 +276,8 @@ class RLGain:
             return None
         result = json.loads(path.read_text())
         wanted = self.arm_settings(arm, seed)
-        if result["settings"] != wanted:
+        # an sft_more planned in whole epochs (before its plan had "passes") spent another compute budget
+        if result["settings"] != wanted or (arm == "sft_more" and "passes" not in result):
             if strict:
                 sys.exit(f"{path} was trained with {result['settings']}, not {wanted}: give another --out")
             logger.warning("%s left out of the table: trained with %s, not %s", path, result["settings"], wanted)
@@ -347,6 +351,9 @@ class RLGain:
         saved = folder / "plan.json"  # fixed once: a resumed run keeps it
         if saved.is_file():
             plan = json.loads(saved.read_text())
+            if "passes" not in plan:
+                sys.exit(f"{saved} is an older bench's plan in whole epochs: give another --out, or delete "
+                         f"{folder} to plan it again")  # fmt: skip
         else:
             # one epoch over as many passes of the examples as fit in the target at the demo's SFT speed
             from r3_env.data import iter_jsonl, write_jsonl
@@ -358,9 +365,9 @@ class RLGain:
             plan = {"target_s": round(target, 1), "demo_sft_s_per_epoch": round(per_epoch, 1),
                     "passes": round(passes, 3), "examples": len(chosen), "of": len(rows)}  # fmt: skip
             saved.write_text(json.dumps(plan) + "\n")
-        logger.info("sft_more seed %d: %.2f passes over %s (%d examples) to match %.0f s of RL (the demo's SFT: %.0f "
-                    "s an epoch)", seed, plan["passes"], data, plan["examples"], plan["target_s"],
-                    plan["demo_sft_s_per_epoch"])  # fmt: skip
+        logger.info("sft_more seed %d: %.2f passes over the %d examples of %s (one epoch of %d) to match %.0f s of RL "
+                    "(the demo's SFT: %.0f s an epoch)", seed, plan["passes"], plan["of"], data, plan["examples"],
+                    plan["target_s"], plan["demo_sft_s_per_epoch"])  # fmt: skip
         config = self.sft_config(examples, folder / "train", seed, 1)
         policy, spent = self.timed(folder, lambda: train_local(config, stages=("sft",))["sft"])
         return policy, spent, plan

@@ -116,8 +116,9 @@ def test_sft_more_spends_the_fraction_of_an_epoch_too_not_a_rounded_epoch_count(
     assert sft_passes(rows, 1.42, seed=0) == chosen and sft_passes(rows, 1.42, seed=1) != chosen
     assert len(sft_passes(rows, 2.0, seed=0)) == 20 and len(sft_passes(rows, 0.3, seed=0)) == 3
     assert len(sft_passes(rows, 0.01, seed=0)) == 1  # never an empty epoch
-    with pytest.raises(ValueError, match="positive number of passes"):
-        sft_passes(rows, 0.0, seed=0)
+    for bad in (0.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="positive number of passes"):
+            sft_passes(rows, bad, seed=0)
 
 
 @pytest.fixture(scope="module")
