@@ -276,11 +276,13 @@ class RLGain:
             return None
         result = json.loads(path.read_text())
         wanted = self.arm_settings(arm, seed)
-        # an sft_more planned in whole epochs (before its plan had "passes") spent another compute budget
-        if result["settings"] != wanted or (arm == "sft_more" and "passes" not in result):
+        mismatch = f"trained with {result['settings']}, not {wanted}" if result["settings"] != wanted else ""
+        if arm == "sft_more" and "passes" not in result:  # an older bench's plan in whole epochs: another budget
+            mismatch = mismatch or "planned in whole epochs by an older bench, not in passes"
+        if mismatch:
             if strict:
-                sys.exit(f"{path} was trained with {result['settings']}, not {wanted}: give another --out")
-            logger.warning("%s left out of the table: trained with %s, not %s", path, result["settings"], wanted)
+                sys.exit(f"{path} was {mismatch}: give another --out")
+            logger.warning("%s left out of the table: %s", path, mismatch)
             return None
         return result
 
