@@ -2,7 +2,8 @@
 
     python bench/rl_gain.py --demo DEMO_OUT [--arms sft,sft_more,rl_process,rl_outcome,rl_gold,rft] [--seeds 0,1,2]
         [--episodes 256] [--dev_questions 200] [--set KEY=VALUE ...] [--eval_engine vllm]
-        [--rollout_engine vllm] [--sft_more_seconds S] [--resamples 2000] [--start POLICY] [--out DEMO_OUT/rl_gain]
+        [--rollout_engine vllm] [--sft_more_seconds S] [--resamples 2000] [--start POLICY] [--against ARM_FOLDER]
+        [--out DEMO_OUT/rl_gain]
 
 DEMO_OUT is a finished ``r3rag demo`` folder (the synthetic world, or real questions with ``--data``);
 its SFT policy is every arm's start, or ``--start``'s saved policy: for example an earlier bench's
@@ -42,6 +43,9 @@ read per dataset (``sft``'s without it), retrieval only on the world (Full-Recal
 untrained model on real questions (naive RAG, as
 bench/real_data_learning.py does). With ``sft_more`` in OUT, a second table gives every other trained arm
 minus ``sft_more`` per dataset, the same way: the comparison that says whether RL beat more SFT.
+``--against ARM_FOLDER`` (repeatable) adds another bench's saved arm on the same questions, for example
+the first bench's ``sft`` when this one starts from its ``sft_more``: a row of the table, and a table of
+every arm here minus it.
 
 Each (arm, seed) trains into OUT/ARM/seedS/train (a rerun resumes) and keeps its per-question scores in
 OUT/ARM/seedS/result.json, so seeds can run in separate invocations and the table is rebuilt from every
@@ -112,9 +116,11 @@ def build_table(
     resamples: int = 2000,
     seed: int = 0,
     base: str = "sft",
+    per_type: bool = True,
 ) -> list[dict[str, Any]]:
-    """The table's rows: per group of questions (each dataset, each dataset's question types, all of them when
-    there are several datasets) and per arm, the means and the paired differences to ``base``.
+    """The table's rows: per group of questions (each dataset, each dataset's question types unless not
+    ``per_type``, all of them when there are several datasets) and per arm, the means and the paired
+    differences to ``base``.
 
     ``arms``: arm -> its seeds' per-question scores (question key -> metric -> value); ``questions``:
     question key -> {"dataset", "type"}, the questions every arm is compared on.
@@ -130,7 +136,7 @@ def build_table(
     for name in datasets:
         order.append(name)
         types = sorted(g for g in groups if g.startswith(f"{name} / "))
-        order += types if len(types) > 1 else []
+        order += types if len(types) > 1 and per_type else []
     reference = arms.get(base)
     rows = []
     for group in order:
@@ -190,6 +196,30 @@ def format_table(rows: list[dict[str, Any]], note: str = "", base: str = "sft") 
     if note:
         lines += ["", note]
     return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def comparison_rows(
+    arms: dict[str, list[dict[str, dict[str, Any]]]], questions: dict[str, dict[str, str]], resamples: int, base: str
+) -> list[dict[str, Any]]:
+    """Every arm but ``base`` minus ``base``, per dataset (the per-type rows are the main table's)."""
+    return [row for row in build_table(arms, questions, resamples, base=base, per_type=False) if row["arm"] != base]
+
+
+def read_other_arm(folder: Path, questions: dict[str, dict[str, str]]) -> tuple[str, list[dict[str, Any]]]:
+    """``--against``'s arm of another bench OUT: its label (OUT's name/arm) and its seeds' per-question scores,
+    from FOLDER/result.json or FOLDER/seed*/result.json. Refused unless every seed scored every question
+    compared here, since a difference is only paired on the same questions."""
+    paths = [folder / RESULT] if (folder / RESULT).is_file() else sorted(folder.glob(f"seed*/{RESULT}"))
+    if not paths:
+        raise ValueError(f"--against {folder}: no {RESULT} there or in its seed folders; give an arm's folder "
+                         f"of another bench's OUT, e.g. OUT/sft")  # fmt: skip
+    scores = [json.loads(path.read_text())["scores"] for path in paths]
+    for path, seed in zip(paths, scores, strict=True):
+        if missing := [key for key in questions if key not in seed]:
+            raise ValueError(f"--against {folder}: {path} has no score for {len(missing)} of the {len(questions)} "
+                             f"questions compared here (e.g. {missing[0]}); give an arm evaluated on the same "
+                             f"demo's questions with the same --dev_questions")  # fmt: skip
+    return f"{folder.resolve().parent.name}/{folder.name}", scores
 
 
 # -- per-question scores ------------------------------------------------------------------------
@@ -539,6 +569,14 @@ def main() -> None:
         default="",
         help="every arm's start: a saved policy folder (default: the demo's SFT policy, DEMO/train/sft/policy)",
     )
+    parser.add_argument(
+        "--against",
+        action="append",
+        default=[],
+        metavar="ARM_FOLDER",
+        help="another bench's saved arm on the same questions (e.g. OUT/sft of the bench whose sft_more is "
+        "--start): a row of the table, and a table of every arm here minus it",
+    )
     parser.add_argument("--out", default="", help="default: DEMO/rl_gain")
     args = parser.parse_args()  # fmt: skip
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -573,6 +611,12 @@ def main() -> None:
         bench = RLGain(demo, record, args, settings)
     except ValueError as error:  # --set settings PPO refuses: the message names them
         sys.exit(str(error))
+    try:  # read before anything trains: a wrong folder is refused up front
+        others = dict(read_other_arm(Path(folder), bench.questions) for folder in args.against)
+    except ValueError as error:
+        sys.exit(str(error))
+    if len(others) < len(args.against):
+        sys.exit(f"--against {' '.join(args.against)}: two folders share a label (OUT's name/arm); rename one OUT")
     # sft first (every difference is to it), the RL arms before sft_more (it matches their wall time)
     ordered = sorted(set(arms) | {"sft"}, key=["sft", *RL_SCHEMES, "rft", "sft_more"].index)
     jobs = [("sft", None)] + [(arm, seed) for arm in ordered if arm != "sft" for seed in args.seed_list]
@@ -605,7 +649,7 @@ def main() -> None:
         bm25, ks = bench.bm25_row(results)
     label = f"single-shot BM25 @K ({', '.join(f'{name} K={k}' for name, k in ks.items())})"
     listed = [arm for arm in ARMS if arm in results]  # this invocation's arms and every other arm saved in OUT
-    table_arms = {arm: results[arm] for arm in listed} | {label: bm25}
+    table_arms = {arm: results[arm] for arm in listed} | others | {label: bm25}
     rows = build_table(table_arms, bench.questions, args.resamples)
     world = "real-data eval split" if demo.config.data else "world dev"
     note = (f"{len(bench.questions)} {world} questions, greedy ({args.eval_engine}); RL arms: {bench.iterations} "
@@ -618,9 +662,13 @@ def main() -> None:
     control = []
     if "sft_more" in results and len(listed) > 2:
         trained = {arm: results[arm] for arm in listed if arm != "sft"}
-        control = [row for row in build_table(trained, bench.questions, args.resamples, base="sft_more")
-                   if row["arm"] != "sft_more" and " / " not in row["group"]]  # fmt: skip
+        control = comparison_rows(trained, bench.questions, args.resamples, "sft_more")
         table += "\n" + format_table(control, "Δ: arm minus sft_more, the same paired bootstrap", base="sft_more")
+    against = {}
+    for name, scores in others.items():  # each arm here against another bench's arm, on the same questions
+        against[name] = comparison_rows({arm: results[arm] for arm in listed} | {name: scores}, bench.questions,
+                                        args.resamples, name)  # fmt: skip
+        table += "\n" + format_table(against[name], f"Δ: arm minus {name}, the same paired bootstrap", base=name)
     table += "\nEach seed's means over every question (EM %, F1 %, training wall time):\n\n"
     for arm in (arm for arm in ARMS if arm in per_seed):
         cells = [f"seed {'-' if m['seed'] is None else m['seed']}: {100 * m['em']:.1f}, {100 * m['f1']:.1f}, "
@@ -631,6 +679,7 @@ def main() -> None:
     summary = {"demo": str(Path(args.demo).resolve()), "arms": listed, "seeds": seeds,
                "questions": len(bench.questions), "episodes": bench.iterations * bench.per_iteration,
                "bm25_k": ks, "per_seed": per_seed, "rows": rows, "vs_sft_more": control,
+               "against": against,
                "seconds": round(time.perf_counter() - started)}  # fmt: skip
     (out / "rl_gain.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "rl_gain.md").write_text(table)

@@ -12,7 +12,7 @@ from conftest import ROOT, run_r3rag
 
 sys.path.insert(0, str(ROOT / "bench"))
 
-from rl_gain import build_table, format_table, sft_passes
+from rl_gain import build_table, comparison_rows, format_table, read_other_arm, sft_passes
 
 from eval.compare import paired_bootstrap, seeded_paired_bootstrap
 from r3_env.data import iter_jsonl
@@ -97,15 +97,35 @@ def test_the_table_averages_seeds_per_question_and_groups_by_dataset_and_type():
 
 
 def test_the_control_table_takes_each_trained_arm_minus_sft_more():
-    questions = {"a/1": {"dataset": "a", "type": "x"}, "a/2": {"dataset": "a", "type": "x"}}
+    questions = {"a/1": {"dataset": "a", "type": "x"}, "a/2": {"dataset": "a", "type": "y"}}
     more = [{"a/1": _scores(1.0), "a/2": _scores(0.0)}]
     rl = [{key: _scores(1.0) for key in questions}]
-    rows = build_table({"sft_more": more, "rl_gold": rl}, questions, resamples=200, base="sft_more")
+    rows = comparison_rows({"sft_more": more, "rl_gold": rl}, questions, resamples=200, base="sft_more")
+    assert [(row["group"], row["arm"]) for row in rows] == [("a", "rl_gold")]  # per dataset, without the base
     by = {row["arm"]: row for row in rows}
-    assert by["rl_gold"]["diff"]["em"]["mean"] == 0.5 and by["sft_more"]["diff"]["em"]["mean"] == 0.0
+    assert by["rl_gold"]["diff"]["em"]["mean"] == 0.5
     text = format_table([by["rl_gold"]], base="sft_more")
     assert "### a against sft_more" in text and "ΔEM vs sft_more [95% CI]" in text
     assert "| rl_gold | 1 | 2 | 100.0 | +50.0 [" in text
+
+
+def test_another_benchs_arm_is_read_with_its_seeds_and_refused_without_every_question(tmp_path):
+    """--against: an arm folder of another OUT, one result.json or one per seed, on the same questions."""
+    questions = {"a/1": {"dataset": "a", "type": "x"}, "a/2": {"dataset": "a", "type": "x"}}
+    first = tmp_path / "rl_gain_first"
+    for folder, seeds in ((first / "sft", [""]), (first / "rl_gold", ["seed0", "seed1"])):
+        for seed in seeds:
+            (folder / seed).mkdir(parents=True)
+            scores = {key: _scores(1.0 if seed == "seed1" else 0.0) for key in questions} | {"a/3": _scores(1.0)}
+            (folder / seed / "result.json").write_text(json.dumps({"scores": scores}))
+    label, scores = read_other_arm(first / "sft", questions)
+    assert label == "rl_gain_first/sft" and len(scores) == 1
+    label, scores = read_other_arm(first / "rl_gold", questions)
+    assert label == "rl_gain_first/rl_gold" and [seed["a/1"]["em"] for seed in scores] == [0.0, 1.0]
+    with pytest.raises(ValueError, match="has no score for 1 of the 3 questions compared here"):
+        read_other_arm(first / "sft", questions | {"a/4": {"dataset": "a", "type": "x"}})
+    with pytest.raises(ValueError, match="no result.json there or in its seed folders"):
+        read_other_arm(first / "rft", questions)
 
 
 def test_sft_more_spends_the_fraction_of_an_epoch_too_not_a_rounded_epoch_count():
@@ -280,3 +300,21 @@ def test_another_start_and_a_group_batch_set_the_arms_start_and_their_iterations
         saved = json.loads((out / arm / "result.json").read_text())
         assert saved["settings"]["start"] == str(start)
     assert json.loads((out / "sft" / "result.json").read_text())["policy"] == str(start)
+
+    # --against: another bench's saved arm on the same questions (here this OUT's own sft, read as a folder)
+    label = "from_ppo/sft"
+    against = subprocess.run([*command, "--against", str(out / "sft")], capture_output=True, text=True, timeout=900,
+                             cwd=ROOT)  # fmt: skip
+    assert against.returncode == 0, against.stderr[-3000:]
+    summary = json.loads((out / "rl_gain.json").read_text())
+    rows = summary["against"][label]
+    assert [row["arm"] for row in rows] == ["sft", "rl_outcome", "sft_more"]
+    assert {row["group"] for row in rows} == {"world"}
+    assert rows[0]["diff"]["em"] == {"mean": 0.0, "lo": 0.0, "hi": 0.0, "n": 4}  # the same scores: exactly 0
+    assert label in [row["arm"] for row in summary["rows"]] and f"### world against {label}" in against.stdout
+    elsewhere = tmp_path / "other" / "sft"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "result.json").write_text(json.dumps({"scores": {}}))
+    refused = subprocess.run([*command, "--against", str(elsewhere)], capture_output=True, text=True, timeout=900,
+                             cwd=ROOT)  # fmt: skip
+    assert refused.returncode != 0 and "has no score for 4 of the 4 questions compared here" in refused.stderr
