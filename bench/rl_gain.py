@@ -118,8 +118,8 @@ def build_table(
     base: str = "sft",
     per_type: bool = True,
 ) -> list[dict[str, Any]]:
-    """The table's rows: per group of questions (each dataset, each dataset's question types unless not
-    ``per_type``, all of them when there are several datasets) and per arm, the means and the paired
+    """The table's rows: per group of questions (each dataset, each dataset's question types when ``per_type``
+    and it has several, all of them when there are several datasets) and per arm, the means and the paired
     differences to ``base``.
 
     ``arms``: arm -> its seeds' per-question scores (question key -> metric -> value); ``questions``:
@@ -201,25 +201,49 @@ def format_table(rows: list[dict[str, Any]], note: str = "", base: str = "sft") 
 def comparison_rows(
     arms: dict[str, list[dict[str, dict[str, Any]]]], questions: dict[str, dict[str, str]], resamples: int, base: str
 ) -> list[dict[str, Any]]:
-    """Every arm but ``base`` minus ``base``, per dataset (the per-type rows are the main table's)."""
+    """Every arm but ``base`` minus ``base``, per dataset (and all of them when there are several), without
+    per-type rows: a short table beside the main one."""
     return [row for row in build_table(arms, questions, resamples, base=base, per_type=False) if row["arm"] != base]
 
 
-def read_other_arm(folder: Path, questions: dict[str, dict[str, str]]) -> tuple[str, list[dict[str, Any]]]:
+def read_other_arm(
+    folder: Path, questions: dict[str, dict[str, str]], demo_out: Path
+) -> tuple[str, list[dict[str, dict[str, Any]]]]:
     """``--against``'s arm of another bench OUT: its label (OUT's name/arm) and its seeds' per-question scores,
-    from FOLDER/result.json or FOLDER/seed*/result.json. Refused unless every seed scored every question
-    compared here, since a difference is only paired on the same questions."""
-    paths = [folder / RESULT] if (folder / RESULT).is_file() else sorted(folder.glob(f"seed*/{RESULT}"))
+    from FOLDER/result.json or FOLDER/seedN/result.json.
+
+    Refused unless that bench ran on this demo (its OUT/rl_gain.json names the demo: world question ids
+    repeat across worlds), its seeds share their settings, and every seed scored every question compared
+    here, since a difference is only paired on the same questions."""
+    folder = folder.resolve()
+    fix = "give an arm folder of another bench on the same --demo, e.g. OUT/sft"
+    summary = folder.parent / "rl_gain.json"
+    try:
+        demo = json.loads(summary.read_text())["demo"]
+    except (OSError, ValueError, KeyError) as error:
+        raise ValueError(f"--against {folder}: no bench summary {summary} naming its demo ({error}); {fix}") from None
+    if Path(demo).resolve() != demo_out.resolve():
+        raise ValueError(f"--against {folder}: that bench ran on the demo {demo}, not {demo_out.resolve()}; {fix}")
+    paths = [folder / RESULT] if (folder / RESULT).is_file() else sorted(folder.glob(f"seed[0-9]*/{RESULT}"))
     if not paths:
-        raise ValueError(f"--against {folder}: no {RESULT} there or in its seed folders; give an arm's folder "
-                         f"of another bench's OUT, e.g. OUT/sft")  # fmt: skip
-    scores = [json.loads(path.read_text())["scores"] for path in paths]
-    for path, seed in zip(paths, scores, strict=True):
-        if missing := [key for key in questions if key not in seed]:
+        raise ValueError(f"--against {folder}: no {RESULT} there or in its seed folders; {fix}")
+    results = []
+    for path in paths:
+        try:
+            result = json.loads(path.read_text())
+            results.append((path, result["scores"], {**result["settings"], "seed": None}))
+        except (ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"--against {folder}: {path} is not a bench result (no scores or settings: "
+                             f"{error}); {fix}") from None  # fmt: skip
+    for path, scores, settings in results:
+        if settings != results[0][2]:
+            raise ValueError(f"--against {folder}: {path} was trained with {settings}, {results[0][0]} with "
+                             f"{results[0][2]}; give a folder whose seeds share their settings")  # fmt: skip
+        if missing := [key for key in questions if key not in scores]:
             raise ValueError(f"--against {folder}: {path} has no score for {len(missing)} of the {len(questions)} "
-                             f"questions compared here (e.g. {missing[0]}); give an arm evaluated on the same "
-                             f"demo's questions with the same --dev_questions")  # fmt: skip
-    return f"{folder.resolve().parent.name}/{folder.name}", scores
+                             f"questions compared here (e.g. {missing[0]}); {fix}, evaluated with the same "
+                             f"--dev_questions")  # fmt: skip
+    return f"{folder.parent.name}/{folder.name}", [scores for _, scores, _ in results]
 
 
 # -- per-question scores ------------------------------------------------------------------------
@@ -612,11 +636,17 @@ def main() -> None:
     except ValueError as error:  # --set settings PPO refuses: the message names them
         sys.exit(str(error))
     try:  # read before anything trains: a wrong folder is refused up front
-        others = dict(read_other_arm(Path(folder), bench.questions) for folder in args.against)
+        read = {folder: read_other_arm(Path(folder), bench.questions, Path(args.demo)) for folder in args.against}
     except ValueError as error:
         sys.exit(str(error))
-    if len(others) < len(args.against):
-        sys.exit(f"--against {' '.join(args.against)}: two folders share a label (OUT's name/arm); rename one OUT")
+    labels: dict[str, list[str]] = defaultdict(list)
+    for folder, (label, _) in read.items():
+        labels[label].append(folder)
+    if clash := next(((label, folders) for label, folders in labels.items() if len(folders) > 1), None):
+        sys.exit(f"--against {', '.join(clash[1])}: each is labelled {clash[0]} (OUT's name/arm); give each folder "
+                 "once, and give benches of the same arm different --out names")  # fmt: skip
+    against_folders = {label: str(Path(folder).resolve()) for folder, (label, _) in read.items()}
+    others = dict(read.values())
     # sft first (every difference is to it), the RL arms before sft_more (it matches their wall time)
     ordered = sorted(set(arms) | {"sft"}, key=["sft", *RL_SCHEMES, "rft", "sft_more"].index)
     jobs = [("sft", None)] + [(arm, seed) for arm in ordered if arm != "sft" for seed in args.seed_list]
@@ -664,11 +694,12 @@ def main() -> None:
         trained = {arm: results[arm] for arm in listed if arm != "sft"}
         control = comparison_rows(trained, bench.questions, args.resamples, "sft_more")
         table += "\n" + format_table(control, "Δ: arm minus sft_more, the same paired bootstrap", base="sft_more")
-    against = {}
+    against: dict[str, list[dict[str, Any]]] = {}
     for name, scores in others.items():  # each arm here against another bench's arm, on the same questions
         against[name] = comparison_rows({arm: results[arm] for arm in listed} | {name: scores}, bench.questions,
                                         args.resamples, name)  # fmt: skip
-        table += "\n" + format_table(against[name], f"Δ: arm minus {name}, the same paired bootstrap", base=name)
+        caption = f"{name}: {against_folders[name]}; Δ: arm minus it, the same paired bootstrap"
+        table += "\n" + format_table(against[name], caption, base=name)
     table += "\nEach seed's means over every question (EM %, F1 %, training wall time):\n\n"
     for arm in (arm for arm in ARMS if arm in per_seed):
         cells = [f"seed {'-' if m['seed'] is None else m['seed']}: {100 * m['em']:.1f}, {100 * m['f1']:.1f}, "
@@ -679,7 +710,7 @@ def main() -> None:
     summary = {"demo": str(Path(args.demo).resolve()), "arms": listed, "seeds": seeds,
                "questions": len(bench.questions), "episodes": bench.iterations * bench.per_iteration,
                "bm25_k": ks, "per_seed": per_seed, "rows": rows, "vs_sft_more": control,
-               "against": against,
+               "against": against, "against_folders": against_folders,
                "seconds": round(time.perf_counter() - started)}  # fmt: skip
     (out / "rl_gain.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "rl_gain.md").write_text(table)

@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import ROOT, run_r3rag
@@ -109,23 +110,45 @@ def test_the_control_table_takes_each_trained_arm_minus_sft_more():
     assert "| rl_gold | 1 | 2 | 100.0 | +50.0 [" in text
 
 
-def test_another_benchs_arm_is_read_with_its_seeds_and_refused_without_every_question(tmp_path):
-    """--against: an arm folder of another OUT, one result.json or one per seed, on the same questions."""
+def test_another_benchs_arm_is_read_with_its_seeds_and_refused_off_this_demo_or_its_questions(tmp_path):
+    """--against: an arm folder of another OUT on the same demo, one result.json or one per seed, on the
+    same questions; each way it can differ is refused, naming the file."""
     questions = {"a/1": {"dataset": "a", "type": "x"}, "a/2": {"dataset": "a", "type": "x"}}
-    first = tmp_path / "rl_gain_first"
-    for folder, seeds in ((first / "sft", [""]), (first / "rl_gold", ["seed0", "seed1"])):
-        for seed in seeds:
-            (folder / seed).mkdir(parents=True)
-            scores = {key: _scores(1.0 if seed == "seed1" else 0.0) for key in questions} | {"a/3": _scores(1.0)}
-            (folder / seed / "result.json").write_text(json.dumps({"scores": scores}))
-    label, scores = read_other_arm(first / "sft", questions)
+    demo, first = tmp_path / "demo", tmp_path / "rl_gain_first"
+
+    def save(folder: Path, em: float, settings: dict, keys=(*questions, "a/3")) -> None:
+        folder.mkdir(parents=True)
+        scores = {key: _scores(em) for key in keys}
+        (folder / "result.json").write_text(json.dumps({"scores": scores, "settings": settings}))
+
+    save(first / "sft", 0.0, {"start": "p"})
+    save(first / "rl_gold" / "seed0", 0.0, {"start": "p", "seed": 0})
+    save(first / "rl_gold" / "seed1", 1.0, {"start": "p", "seed": 1})
+    with pytest.raises(ValueError, match="no bench summary .*rl_gain.json naming its demo"):
+        read_other_arm(first / "sft", questions, demo)
+    (first / "rl_gain.json").write_text(json.dumps({"demo": str(tmp_path / "another_demo")}))
+    with pytest.raises(ValueError, match="that bench ran on the demo .*another_demo, not"):
+        read_other_arm(first / "sft", questions, demo)
+    (first / "rl_gain.json").write_text(json.dumps({"demo": str(demo)}))
+    label, scores = read_other_arm(first / "sft", questions, demo)
     assert label == "rl_gain_first/sft" and len(scores) == 1
-    label, scores = read_other_arm(first / "rl_gold", questions)
+    label, scores = read_other_arm(first / "rl_gold", questions, demo)
     assert label == "rl_gain_first/rl_gold" and [seed["a/1"]["em"] for seed in scores] == [0.0, 1.0]
     with pytest.raises(ValueError, match="has no score for 1 of the 3 questions compared here"):
-        read_other_arm(first / "sft", questions | {"a/4": {"dataset": "a", "type": "x"}})
+        read_other_arm(first / "sft", questions | {"a/4": {"dataset": "a", "type": "x"}}, demo)
+    save(first / "rl_gold" / "seed2", 1.0, {"start": "p", "seed": 2}, keys=["a/1"])  # one seed misses a/2
+    with pytest.raises(ValueError, match="seed2/result.json has no score for 1 of the 2"):
+        read_other_arm(first / "rl_gold", questions, demo)
+    save(first / "rl_outcome" / "seed0", 0.0, {"start": "p", "seed": 0})
+    save(first / "rl_outcome" / "seed1", 0.0, {"start": "q", "seed": 1})
+    with pytest.raises(ValueError, match="seed1/result.json was trained with .*'q'.*share their settings"):
+        read_other_arm(first / "rl_outcome", questions, demo)
+    (first / "broken").mkdir()
+    (first / "broken" / "result.json").write_text("{")
+    with pytest.raises(ValueError, match="broken/result.json is not a bench result"):
+        read_other_arm(first / "broken", questions, demo)
     with pytest.raises(ValueError, match="no result.json there or in its seed folders"):
-        read_other_arm(first / "rft", questions)
+        read_other_arm(first / "rft", questions, demo)
 
 
 def test_sft_more_spends_the_fraction_of_an_epoch_too_not_a_rounded_epoch_count():
@@ -309,12 +332,16 @@ def test_another_start_and_a_group_batch_set_the_arms_start_and_their_iterations
     summary = json.loads((out / "rl_gain.json").read_text())
     rows = summary["against"][label]
     assert [row["arm"] for row in rows] == ["sft", "rl_outcome", "sft_more"]
-    assert {row["group"] for row in rows} == {"world"}
+    assert {row["group"] for row in rows} == {"world"} and all(row["diff"]["em"]["n"] == 4 for row in rows)
     assert rows[0]["diff"]["em"] == {"mean": 0.0, "lo": 0.0, "hi": 0.0, "n": 4}  # the same scores: exactly 0
+    assert summary["against_folders"] == {label: str(out / "sft")}
     assert label in [row["arm"] for row in summary["rows"]] and f"### world against {label}" in against.stdout
     elsewhere = tmp_path / "other" / "sft"
     elsewhere.mkdir(parents=True)
     (elsewhere / "result.json").write_text(json.dumps({"scores": {}}))
     refused = subprocess.run([*command, "--against", str(elsewhere)], capture_output=True, text=True, timeout=900,
                              cwd=ROOT)  # fmt: skip
-    assert refused.returncode != 0 and "has no score for 4 of the 4 questions compared here" in refused.stderr
+    assert refused.returncode != 0 and "no bench summary" in refused.stderr and "arm 1/" not in refused.stderr
+    twice = subprocess.run([*command, "--against", str(out / "sft"), "--against", str(out / "sft")],
+                           capture_output=True, text=True, timeout=900, cwd=ROOT)  # fmt: skip
+    assert twice.returncode != 0 and f"each is labelled {label}" in twice.stderr
