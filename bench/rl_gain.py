@@ -636,17 +636,17 @@ def main() -> None:
     except ValueError as error:  # --set settings PPO refuses: the message names them
         sys.exit(str(error))
     try:  # read before anything trains: a wrong folder is refused up front
-        read = {folder: read_other_arm(Path(folder), bench.questions, Path(args.demo)) for folder in args.against}
+        read = [(folder, *read_other_arm(Path(folder), bench.questions, Path(args.demo))) for folder in args.against]
     except ValueError as error:
         sys.exit(str(error))
     labels: dict[str, list[str]] = defaultdict(list)
-    for folder, (label, _) in read.items():
+    for folder, label, _ in read:
         labels[label].append(folder)
     if clash := next(((label, folders) for label, folders in labels.items() if len(folders) > 1), None):
         sys.exit(f"--against {', '.join(clash[1])}: each is labelled {clash[0]} (OUT's name/arm); give each folder "
                  "once, and give benches of the same arm different --out names")  # fmt: skip
-    against_folders = {label: str(Path(folder).resolve()) for folder, (label, _) in read.items()}
-    others = dict(read.values())
+    against_folders = {label: str(Path(folder).resolve()) for folder, label, _ in read}
+    others = {label: scores for _, label, scores in read}
     # sft first (every difference is to it), the RL arms before sft_more (it matches their wall time)
     ordered = sorted(set(arms) | {"sft"}, key=["sft", *RL_SCHEMES, "rft", "sft_more"].index)
     jobs = [("sft", None)] + [(arm, seed) for arm in ordered if arm != "sft" for seed in args.seed_list]

@@ -331,7 +331,7 @@ def test_another_start_and_a_group_batch_set_the_arms_start_and_their_iterations
     assert against.returncode == 0, against.stderr[-3000:]
     summary = json.loads((out / "rl_gain.json").read_text())
     rows = summary["against"][label]
-    assert [row["arm"] for row in rows] == ["sft", "rl_outcome", "sft_more"]
+    assert [row["arm"] for row in rows] == ["sft", "sft_more", "rl_outcome"]  # ARMS order
     assert {row["group"] for row in rows} == {"world"} and all(row["diff"]["em"]["n"] == 4 for row in rows)
     assert rows[0]["diff"]["em"] == {"mean": 0.0, "lo": 0.0, "hi": 0.0, "n": 4}  # the same scores: exactly 0
     assert summary["against_folders"] == {label: str(out / "sft")}
