@@ -635,18 +635,17 @@ def main() -> None:
         bench = RLGain(demo, record, args, settings)
     except ValueError as error:  # --set settings PPO refuses: the message names them
         sys.exit(str(error))
-    try:  # read before anything trains: a wrong folder is refused up front
-        read = [(folder, *read_other_arm(Path(folder), bench.questions, Path(args.demo))) for folder in args.against]
-    except ValueError as error:
-        sys.exit(str(error))
-    labels: dict[str, list[str]] = defaultdict(list)
-    for folder, label, _ in read:
-        labels[label].append(folder)
-    if clash := next(((label, folders) for label, folders in labels.items() if len(folders) > 1), None):
-        sys.exit(f"--against {', '.join(clash[1])}: each is labelled {clash[0]} (OUT's name/arm); give each folder "
-                 "once, and give benches of the same arm different --out names")  # fmt: skip
-    against_folders = {label: str(Path(folder).resolve()) for folder, label, _ in read}
-    others = {label: scores for _, label, scores in read}
+    others: dict[str, list[dict[str, dict[str, Any]]]] = {}  # label -> its seeds' scores
+    against_folders: dict[str, str] = {}
+    for folder in args.against:  # read before anything trains: a wrong folder is refused up front
+        try:
+            label, scores = read_other_arm(Path(folder), bench.questions, Path(args.demo))
+        except ValueError as error:
+            sys.exit(str(error))
+        if label in others:
+            sys.exit(f"--against {against_folders[label]}, {folder}: each is labelled {label} (OUT's name/arm); give "
+                     "each folder once, and give benches of the same arm different --out names")  # fmt: skip
+        others[label], against_folders[label] = scores, str(Path(folder).resolve())
     # sft first (every difference is to it), the RL arms before sft_more (it matches their wall time)
     ordered = sorted(set(arms) | {"sft"}, key=["sft", *RL_SCHEMES, "rft", "sft_more"].index)
     jobs = [("sft", None)] + [(arm, seed) for arm in ordered if arm != "sft" for seed in args.seed_list]
@@ -679,7 +678,8 @@ def main() -> None:
         bm25, ks = bench.bm25_row(results)
     label = f"single-shot BM25 @K ({', '.join(f'{name} K={k}' for name, k in ks.items())})"
     listed = [arm for arm in ARMS if arm in results]  # this invocation's arms and every other arm saved in OUT
-    table_arms = {arm: results[arm] for arm in listed} | others | {label: bm25}
+    arms_here = {arm: results[arm] for arm in listed}
+    table_arms = arms_here | others | {label: bm25}
     rows = build_table(table_arms, bench.questions, args.resamples)
     world = "real-data eval split" if demo.config.data else "world dev"
     note = (f"{len(bench.questions)} {world} questions, greedy ({args.eval_engine}); RL arms: {bench.iterations} "
@@ -691,13 +691,12 @@ def main() -> None:
     # the goal's second comparison: each trained arm against the compute control, per dataset
     control = []
     if "sft_more" in results and len(listed) > 2:
-        trained = {arm: results[arm] for arm in listed if arm != "sft"}
+        trained = {arm: scores for arm, scores in arms_here.items() if arm != "sft"}
         control = comparison_rows(trained, bench.questions, args.resamples, "sft_more")
         table += "\n" + format_table(control, "Δ: arm minus sft_more, the same paired bootstrap", base="sft_more")
     against: dict[str, list[dict[str, Any]]] = {}
     for name, scores in others.items():  # each arm here against another bench's arm, on the same questions
-        against[name] = comparison_rows({arm: results[arm] for arm in listed} | {name: scores}, bench.questions,
-                                        args.resamples, name)  # fmt: skip
+        against[name] = comparison_rows(arms_here | {name: scores}, bench.questions, args.resamples, name)
         caption = f"{name}: {against_folders[name]}; Δ: arm minus it, the same paired bootstrap"
         table += "\n" + format_table(against[name], caption, base=name)
     table += "\nEach seed's means over every question (EM %, F1 %, training wall time):\n\n"
