@@ -34,7 +34,9 @@ trains.
 Each arm is evaluated greedy through the demo's evaluation (``--eval_engine``) on the same
 questions: the first ``--dev_questions`` of the world's dev set (200 by default), or every question of
 the real-data eval split. Per question: EM, F1, Full-Recall, documents read, answered, format error.
-The table gives each arm's means per dataset and per question type (each question's score averaged
+The table gives each arm's means per dataset, per question type and per answer form (closed: yes/no, or
+named in the question, where a guess between two scores about half; open: the rest;
+``r3_env.answers.answer_form``), each question's score averaged
 over the arm's seeds first), each arm minus ``sft`` with a paired bootstrap 95% CI that resamples the
 questions and each arm's seeds (``eval.compare.seeded_paired_bootstrap``: a training run is itself a
 draw, and one SFT run's EM varies by 2-5 points on the world), and single-shot BM25 at the same
@@ -116,27 +118,36 @@ def build_table(
     resamples: int = 2000,
     seed: int = 0,
     base: str = "sft",
-    per_type: bool = True,
+    splits: Sequence[str] = ("type", "form"),
 ) -> list[dict[str, Any]]:
-    """The table's rows: per group of questions (each dataset, each dataset's question types when ``per_type``
-    and it has several, all of them when there are several datasets) and per arm, the means and the paired
-    differences to ``base``.
+    """The table's rows: per group of questions (each dataset; each dataset's question types and its closed and
+    open answers where it has several, as ``splits`` asks; all of them when there are several datasets) and per
+    arm, the means and the paired differences to ``base``.
 
     ``arms``: arm -> its seeds' per-question scores (question key -> metric -> value); ``questions``:
-    question key -> {"dataset", "type"}, the questions every arm is compared on.
+    question key -> {"dataset", "type", "form"}, the questions every arm is compared on ("form", the
+    question's :func:`r3_env.answers.answer_form`, may be left out).
     """
     groups: dict[str, list[str]] = defaultdict(list)
+    subgroups: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))  # dataset -> split -> groups
     datasets = sorted({info["dataset"] for info in questions.values()})
     for key, info in questions.items():
-        groups[info["dataset"]].append(key)
-        groups[f"{info['dataset']} / {info['type']}"].append(key)
+        name = info["dataset"]
+        groups[name].append(key)
+        own = {"type": f"{name} / {info['type']}"}  # the question's group in each split
+        if info.get("form"):
+            own["form"] = f"{name} / {info['form']} answers"
+        for split, group in own.items():
+            groups[group].append(key)
+            subgroups[name][split].add(group)
     if len(datasets) > 1:
         groups["all"] = list(questions)
     order = ["all"] if len(datasets) > 1 else []
     for name in datasets:
         order.append(name)
-        types = sorted(g for g in groups if g.startswith(f"{name} / "))
-        order += types if len(types) > 1 and per_type else []
+        for split in splits:
+            named = sorted(subgroups[name][split])
+            order += named if len(named) > 1 else []
     reference = arms.get(base)
     rows = []
     for group in order:
@@ -201,9 +212,10 @@ def format_table(rows: list[dict[str, Any]], note: str = "", base: str = "sft") 
 def comparison_rows(
     arms: dict[str, list[dict[str, dict[str, Any]]]], questions: dict[str, dict[str, str]], resamples: int, base: str
 ) -> list[dict[str, Any]]:
-    """Every arm but ``base`` minus ``base``, per dataset (and all of them when there are several), without
-    per-type rows: a short table beside the main one."""
-    return [row for row in build_table(arms, questions, resamples, base=base, per_type=False) if row["arm"] != base]
+    """Every arm but ``base`` minus ``base``, per dataset (and all of them when there are several) and per answer
+    form, without per-type rows: a short table beside the main one. Closed answers apart, because a guess
+    between the question's two names raises EM there without retrieval."""
+    return [row for row in build_table(arms, questions, resamples, base=base, splits=("form",)) if row["arm"] != base]
 
 
 def read_other_arm(
@@ -685,7 +697,7 @@ def main() -> None:
     note = (f"{len(bench.questions)} {world} questions, greedy ({args.eval_engine}); RL arms: {bench.iterations} "
             f"PPO iterations x {bench.per_iteration} episodes; Δ: arm minus sft, paired bootstrap 95% CI over the "
             f"questions and each arm's seeds ({args.resamples} resamples), each question averaged over the arm's "
-            f"seeds first; BM25's K "
+            f"seeds first; closed answers: yes/no or named in the question (a guess scores about half); BM25's K "
             f"matches {'rl_process' if 'rl_process' in results else 'sft'}'s documents read")  # fmt: skip
     table = format_table(rows, note)
     # the goal's second comparison: each trained arm against the compute control, per dataset

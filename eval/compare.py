@@ -59,11 +59,17 @@ def question_key(dataset: str, question_id: str) -> str:
 
 
 def question_set(data: str, max_questions: int) -> dict[str, dict[str, str]]:
-    """The compared questions (the first ``max_questions`` of each dataset, 0: all): key -> dataset and type."""
+    """The compared questions (the first ``max_questions`` of each dataset, 0: all): key -> dataset, type and
+    answer form (:func:`r3_env.answers.answer_form`)."""
+    from r3_env.answers import answer_form
     from r3_env.runs import dataset_paths, load_questions
 
     return {
-        question_key(q.dataset, q.item.id): {"dataset": q.dataset, "type": str(q.item.metadata.get("type") or "-")}
+        question_key(q.dataset, q.item.id): {
+            "dataset": q.dataset,
+            "type": str(q.item.metadata.get("type") or "-"),
+            "form": answer_form(q.item.question, q.item.golden_answers),
+        }
         for q in load_questions(dataset_paths(data), max_questions)
     }
 

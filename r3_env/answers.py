@@ -8,6 +8,8 @@
   normalised tokens appear as a whole-word run in the prediction's (so "no" does not match "not
   known", which the character-level sub-EM accepts).
 - :func:`clean_answer`: the short answer inside a final step's answer text.
+- :func:`answer_form`: "closed" when a guess has even odds (yes/no, or an answer the question names),
+  else "open".
 """
 
 from __future__ import annotations
@@ -28,6 +30,18 @@ def normalize_answer(text: str) -> str:
     text = "".join(ch for ch in text if ch not in _PUNCTUATION)
     text = _ARTICLES.sub(" ", text)
     return " ".join(text.split())
+
+
+def answer_form(question: str, golden_answers: str | Sequence[str]) -> str:
+    """The answer's form: "closed" when the gold answer is yes/no or is named in the question (a comparison's
+    candidate: "Who was born later, A or B?"), so a guess between two scores about half; "open" otherwise. Only
+    the first gold answer counts: aliases such as "IN" for India would match any question. EM on closed
+    questions can rise without retrieval, so learning curves read them apart."""
+    answers = _as_list(golden_answers)
+    if not answers:
+        return "open"
+    gold = normalize_answer(answers[0])
+    return "closed" if gold in ("yes", "no") or (gold and f" {gold} " in f" {normalize_answer(question)} ") else "open"
 
 
 def _as_list(golden_answers: str | Sequence[str]) -> list[str]:

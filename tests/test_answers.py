@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from r3_env.answers import (
+    answer_form,
     answer_matches,
     clean_answer,
     exact_match,
@@ -91,6 +92,31 @@ def test_answer_matches_whole_words_only():
 )
 def test_clean_answer(text, short):
     assert clean_answer(text) == short
+
+
+@pytest.mark.parametrize(
+    ("question", "golds", "kind"),
+    [
+        ("Who was born later, Tamsin Valising or Radek Stavodorf?", ["Tamsin Valising"], "closed"),
+        ("Were Scott Derrickson and Ed Wood of the same nationality?", ["Yes"], "closed"),
+        ("Who was the father of the father of Cedric Wenendorf?", ["Niklas Wenendorf"], "open"),
+        ("Which is older, the Met or the Tate Modern?", ["Tate Modern"], "closed"),  # normalised: no article
+        ("Who founded Albertville?", ["Albert"], "open"),  # whole words only
+        # aliases do not count: "in" is in nearly every question
+        ("Which country was Barawal in when India was formed?", ["the country of India", "IN", "in"], "open"),
+        ("Anything?", [], "open"),
+    ],
+)
+def test_answer_form(question, golds, kind):
+    assert answer_form(question, golds) == kind
+
+
+def test_answer_form_closes_the_worlds_comparisons_only():
+    maker = QuestionMaker(World(200, seed=1), random.Random(2))
+    for question_type, kind in [("comparison", "closed"), ("bridge_comparison", "closed"),
+                                ("compositional", "open"), ("inference", "open")]:  # fmt: skip
+        questions = [q for q in (maker.sample(question_type) for _ in range(20)) if q is not None]
+        assert questions and {answer_form(q.text, q.answers) for q in questions} == {kind}, question_type
 
 
 # -- identity with FlashRAG -----------------------------------------------------------------------------

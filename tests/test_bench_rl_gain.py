@@ -76,15 +76,17 @@ def _scores(em: float, docs: float = 2.0, full_recall: float | None = 1.0) -> di
     return {"em": em, "f1": em, "full_recall": full_recall, "docs": docs, "answered": 1.0, "format_error": 0.0}
 
 
-def test_the_table_averages_seeds_per_question_and_groups_by_dataset_and_type():
-    questions = {"a/1": {"dataset": "a", "type": "x"}, "a/2": {"dataset": "a", "type": "y"},
-                 "b/1": {"dataset": "b", "type": "x"}}  # fmt: skip
+def test_the_table_averages_seeds_per_question_and_groups_by_dataset_type_and_answer_form():
+    questions = {"a/1": {"dataset": "a", "type": "x", "form": "closed"},
+                 "a/2": {"dataset": "a", "type": "y", "form": "open"},
+                 "b/1": {"dataset": "b", "type": "x", "form": "open"}}  # fmt: skip
     sft = [{key: _scores(0.0) for key in questions}]
     rl = [{key: _scores(1.0) for key in questions}, {key: _scores(0.0) for key in questions}]  # two seeds
     bm25 = [{key: {**_scores(0.0, 3.0), "em": None, "f1": None} for key in questions}]
     rows = build_table({"sft": sft, "rl_process": rl, "bm25": bm25}, questions, resamples=200)
     groups = list(dict.fromkeys(row["group"] for row in rows))
-    assert groups == ["all", "a", "a / x", "a / y", "b"]  # b has one type: no type rows
+    # b has one type and one answer form: no rows for them
+    assert groups == ["all", "a", "a / x", "a / y", "a / closed answers", "a / open answers", "b"]
     by = {(row["group"], row["arm"]): row for row in rows}
     assert by[("all", "rl_process")]["seeds"] == 2 and by[("all", "rl_process")]["questions"] == 3
     assert by[("all", "rl_process")]["mean"]["em"] == 0.5  # each question's seeds averaged first
@@ -95,15 +97,21 @@ def test_the_table_averages_seeds_per_question_and_groups_by_dataset_and_type():
     text = format_table(rows, "a note")
     assert "### a / x" in text and "| rl_process | 2 | 3 | 50.0 | +50.0 [+0.0, +100.0] |" in text
     assert text.rstrip().endswith("a note")
+    assert [row["questions"] for row in rows if row["group"] == "a / closed answers"] == [1, 1, 1]
 
 
-def test_the_control_table_takes_each_trained_arm_minus_sft_more():
-    questions = {"a/1": {"dataset": "a", "type": "x"}, "a/2": {"dataset": "a", "type": "y"}}
+def test_the_control_table_takes_each_trained_arm_minus_sft_more_per_answer_form():
+    questions = {"a/1": {"dataset": "a", "type": "x", "form": "open"},
+                 "a/2": {"dataset": "a", "type": "y", "form": "closed"}}  # fmt: skip
     more = [{"a/1": _scores(1.0), "a/2": _scores(0.0)}]
     rl = [{key: _scores(1.0) for key in questions}]
     rows = comparison_rows({"sft_more": more, "rl_gold": rl}, questions, resamples=200, base="sft_more")
-    assert [(row["group"], row["arm"]) for row in rows] == [("a", "rl_gold")]  # per dataset, without the base
-    by = {row["arm"]: row for row in rows}
+    # per dataset and answer form, not per type, without the base
+    assert [(row["group"], row["arm"]) for row in rows] == [
+        ("a", "rl_gold"), ("a / closed answers", "rl_gold"), ("a / open answers", "rl_gold")]  # fmt: skip
+    by = {row["group"]: row for row in rows}
+    assert by["a / closed answers"]["diff"]["em"]["mean"] == 1.0 and by["a / open answers"]["diff"]["em"]["mean"] == 0
+    by = {row["arm"]: row for row in rows if row["group"] == "a"}
     assert by["rl_gold"]["diff"]["em"]["mean"] == 0.5
     text = format_table([by["rl_gold"]], base="sft_more")
     assert "### a against sft_more" in text and "ΔEM vs sft_more [95% CI]" in text
@@ -189,9 +197,15 @@ def test_every_arm_trains_from_the_sft_policy_and_the_table_has_their_rows_and_c
     arms = [row["arm"] for row in rows]
     assert arms[:6] == list(ARMS) and arms[6].startswith("single-shot BM25 @K (world K=")
     # the goal's second comparison: every trained arm against the compute control, on the same questions
-    control = summary["vs_sft_more"]
+    control = [row for row in summary["vs_sft_more"] if row["group"] == "world"]
     assert [row["arm"] for row in control] == ["rl_process", "rl_outcome", "rl_gold", "rft"]
-    assert all(row["group"] == "world" and row["diff"]["em"]["n"] == 6 for row in control)
+    assert all(row["diff"]["em"]["n"] == 6 for row in control)
+    # and per answer form, as the main table splits them (when these 6 questions have both forms): no types
+    forms = {row["group"] for row in summary["rows"] if row["group"].endswith(" answers")}
+    assert forms <= {"world / closed answers", "world / open answers"}
+    by_form = [row for row in summary["vs_sft_more"] if row["group"] != "world"]
+    assert {row["group"] for row in by_form} == forms
+    assert sum(row["diff"]["em"]["n"] for row in by_form if row["arm"] == "rft") == (6 if forms else 0)
     for row in rows:
         assert row["questions"] == 6
         for metric, diff in row["diff"].items():
@@ -330,9 +344,9 @@ def test_another_start_and_a_group_batch_set_the_arms_start_and_their_iterations
                              cwd=ROOT)  # fmt: skip
     assert against.returncode == 0, against.stderr[-3000:]
     summary = json.loads((out / "rl_gain.json").read_text())
-    rows = summary["against"][label]
+    rows = [row for row in summary["against"][label] if row["group"] == "world"]  # and per answer form
     assert [row["arm"] for row in rows] == ["sft", "sft_more", "rl_outcome"]  # ARMS order
-    assert {row["group"] for row in rows} == {"world"} and all(row["diff"]["em"]["n"] == 4 for row in rows)
+    assert all(row["diff"]["em"]["n"] == 4 for row in rows)
     assert rows[0]["diff"]["em"] == {"mean": 0.0, "lo": 0.0, "hi": 0.0, "n": 4}  # the same scores: exactly 0
     assert summary["against_folders"] == {label: str(out / "sft")}
     assert label in [row["arm"] for row in summary["rows"]] and f"### world against {label}" in against.stdout
