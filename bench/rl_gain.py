@@ -362,12 +362,16 @@ class RLGain:
     # -- training -----------------------------------------------------------------------------
 
     def timed(self, folder: Path, train: Any) -> tuple[Path, float]:
-        """``train()``'s policy and the wall time training took over every invocation (OUT/.../timing.json)."""
-        from r3_env.train.models import finished
+        """``train()``'s policy and the wall time training took over every invocation whose work it keeps
+        (OUT/.../timing.json): an attempt with no checkpoint to resume from starts again from the start, so an
+        interrupted attempt before it is not counted (``sft_more`` is one epoch, checkpointed only at its end)."""
+        from r3_env.train.models import CHECKPOINT_FILE, finished
 
+        stages = (folder / "train" / "ppo", folder / "train" / "sft")
         timing = folder / "timing.json"
-        spent = json.loads(timing.read_text())["train_s"] if timing.is_file() else 0.0
-        done_before = any(finished(stage) for stage in (folder / "train" / "ppo", folder / "train" / "sft"))
+        done_before = any(finished(stage) for stage in stages)
+        kept = done_before or any((stage / CHECKPOINT_FILE).is_file() for stage in stages)
+        spent = json.loads(timing.read_text())["train_s"] if timing.is_file() and kept else 0.0
         started = time.perf_counter()
         try:
             policy = train()

@@ -13,10 +13,11 @@ from conftest import ROOT, run_r3rag
 
 sys.path.insert(0, str(ROOT / "bench"))
 
-from rl_gain import build_table, comparison_rows, format_table, read_other_arm, sft_passes
+from rl_gain import RLGain, build_table, comparison_rows, format_table, read_other_arm, sft_passes
 
 from eval.compare import paired_bootstrap, seeded_paired_bootstrap
 from r3_env.data import iter_jsonl
+from r3_env.train.models import CHECKPOINT_FILE, DONE_FILE
 
 ARMS = ("sft", "sft_more", "rl_process", "rl_outcome", "rl_gold", "rft")
 SCHEMES = {"rl_process": "r3", "rl_outcome": "outcome", "rl_gold": "r3_gold"}
@@ -178,6 +179,27 @@ def demo(tmp_path_factory):
     result = run_r3rag("demo", "--model", "tiny-random", "--quick", "--out", str(out), timeout=1200)
     assert result.returncode == 0, result.stderr[-3000:]
     return out
+
+
+def test_training_time_counts_the_attempts_whose_work_is_kept(tmp_path):
+    """An attempt killed before its first checkpoint leaves nothing to resume: the next starts from the start, so
+    its time is all the arm spent (it once counted both: an sft_more seed recorded 1,984 s for 1,311 s of SFT)."""
+    folder = tmp_path / "sft_more" / "seed1"
+    (folder / "train" / "sft").mkdir(parents=True)
+    timing = folder / "timing.json"
+
+    def attempt() -> float:
+        return RLGain.timed(None, folder, lambda: str(folder / "train" / "sft" / "policy"))[1]  # type: ignore[arg-type]
+
+    timing.write_text(json.dumps({"train_s": 600.0}))  # a killed attempt, no checkpoint
+    assert attempt() < 60 and json.loads(timing.read_text())["train_s"] < 60
+    timing.write_text(json.dumps({"train_s": 600.0}))  # killed after a checkpoint: the rerun resumes from it
+    (folder / "train" / "sft" / CHECKPOINT_FILE).write_bytes(b"")
+    assert 600 <= attempt() < 660
+    (folder / "train" / "sft" / CHECKPOINT_FILE).unlink()
+    (folder / "train" / "sft" / DONE_FILE).write_text("{}")  # finished before: its time is read back unchanged
+    timing.write_text(json.dumps({"train_s": 600.0}))
+    assert attempt() == 600.0 and json.loads(timing.read_text())["train_s"] == 600.0
 
 
 @pytest.mark.slow

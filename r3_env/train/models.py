@@ -26,6 +26,7 @@ from r3_env.train.config import ModelConfig
 logger = logging.getLogger(__name__)
 
 DONE_FILE = "done.json"  # a stage folder holding it is finished: a rerun skips the stage
+CHECKPOINT_FILE = "checkpoint.pt"  # in a stage folder: the state a rerun resumes from, until the final policy is saved
 
 
 def finished(stage_folder: Path | str) -> bool:

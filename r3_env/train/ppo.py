@@ -62,6 +62,7 @@ from r3_env.train.config import HealthConfig, ModelConfig, PPOConfig, RunConfig
 from r3_env.train.health import HEALTH_FILE, HealthMonitor
 from r3_env.train.metrics import MetricsLog
 from r3_env.train.models import (
+    CHECKPOINT_FILE,
     DONE_FILE,
     finished,
     load_actor,
@@ -78,7 +79,6 @@ from r3_env.train.models import (
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_FILE = "checkpoint.pt"  # in ppo/: the state a rerun resumes from, until the final policy is saved
 BEST_FILE = "best.json"  # in ppo/best_policy: the iteration and dev reward of the policy kept there
 
 

@@ -31,6 +31,7 @@ from r3_env.train import openrlhf_cpu
 from r3_env.train.config import ModelConfig, RunConfig, SFTConfig
 from r3_env.train.metrics import MetricsLog
 from r3_env.train.models import (
+    CHECKPOINT_FILE,
     DONE_FILE,
     finished,
     load_actor,
@@ -90,7 +91,7 @@ def run_sft(run: RunConfig, model: ModelConfig, sft: SFTConfig, rollout: Rollout
     optimizer, scheduler = make_optimizer(
         actor, sft.lr, steps_per_epoch * sft.epochs, sft.lr_warmup_ratio, sft.min_lr_ratio
     )
-    checkpoint = folder / "checkpoint.pt"
+    checkpoint = folder / CHECKPOINT_FILE
     state = load_state(checkpoint)
     epoch, step = 0, 0
     if state is not None:
