@@ -44,10 +44,11 @@ documents as a row: the question as the one query, top-K with K the ``rl_process
 read per dataset (``sft``'s without it), retrieval only on the world (Full-Recall), read by the demo's
 untrained model on real questions (naive RAG, as
 bench/real_data_learning.py does). With ``sft_more`` in OUT, a second table gives every other trained arm
-minus ``sft_more`` per dataset, the same way: the comparison that says whether RL beat more SFT.
+minus ``sft_more`` per dataset and answer form, the same way: the comparison that says whether RL beat
+more SFT.
 ``--against ARM_FOLDER`` (repeatable) adds another bench's saved arm on the same questions, for example
 the first bench's ``sft`` when this one starts from its ``sft_more``: a row of the table, and a table of
-every arm here minus it.
+every arm here minus it (per dataset and answer form).
 
 Each (arm, seed) trains into OUT/ARM/seedS/train (a rerun resumes) and keeps its per-question scores in
 OUT/ARM/seedS/result.json, so seeds can run in separate invocations and the table is rebuilt from every
@@ -121,13 +122,15 @@ def build_table(
     splits: Sequence[str] = ("type", "form"),
 ) -> list[dict[str, Any]]:
     """The table's rows: per group of questions (each dataset; each dataset's question types and its closed and
-    open answers where it has several, as ``splits`` asks; all of them when there are several datasets) and per
-    arm, the means and the paired differences to ``base``.
+    open answers where it has several, as ``splits`` asks; all of them, not split, when there are several
+    datasets) and per arm, the means and the paired differences to ``base``.
 
     ``arms``: arm -> its seeds' per-question scores (question key -> metric -> value); ``questions``:
     question key -> {"dataset", "type", "form"}, the questions every arm is compared on ("form", the
     question's :func:`r3_env.answers.answer_form`, may be left out).
     """
+    if unknown := set(splits) - {"type", "form"}:
+        raise ValueError(f"splits: {sorted(unknown)}; choose from type, form")
     groups: dict[str, list[str]] = defaultdict(list)
     subgroups: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))  # dataset -> split -> groups
     datasets = sorted({info["dataset"] for info in questions.values()})
@@ -361,21 +364,23 @@ class RLGain:
 
     # -- training -----------------------------------------------------------------------------
 
-    def timed(self, folder: Path, train: Any) -> tuple[Path, float]:
-        """``train()``'s policy and the wall time training took over every invocation whose work it keeps
-        (OUT/.../timing.json): an attempt with no checkpoint to resume from starts again from the start, so an
-        interrupted attempt before it is not counted (``sft_more`` is one epoch, checkpointed only at its end)."""
+    def timed(self, folder: Path, train: Any, reused: Sequence[Path] = ()) -> tuple[Path, float]:
+        """``train()``'s policy and its wall time (OUT/.../timing.json). Earlier attempts count when this one
+        resumes: from a checkpoint or a finished stage in train/ppo or train/sft, or from ``reused`` work
+        (rft's samples); work after the last checkpoint counts though it is redone. An attempt with nothing to
+        resume from starts again, so the time of the attempts before it is dropped (sft_more is one epoch,
+        checkpointed only at its end)."""
         from r3_env.train.models import CHECKPOINT_FILE, finished
 
         stages = (folder / "train" / "ppo", folder / "train" / "sft")
         timing = folder / "timing.json"
         done_before = any(finished(stage) for stage in stages)
-        kept = done_before or any((stage / CHECKPOINT_FILE).is_file() for stage in stages)
-        spent = json.loads(timing.read_text())["train_s"] if timing.is_file() and kept else 0.0
+        resumes = any((stage / CHECKPOINT_FILE).is_file() for stage in stages) or any(p.exists() for p in reused)
+        spent = json.loads(timing.read_text())["train_s"] if timing.is_file() and (done_before or resumes) else 0.0
         started = time.perf_counter()
         try:
             policy = train()
-        finally:  # an interrupted run's time counts too: its resumption adds the rest
+        finally:  # an interrupted attempt's time is kept for the attempt that resumes it
             if not done_before:
                 spent += time.perf_counter() - started
                 folder.mkdir(parents=True, exist_ok=True)
@@ -509,7 +514,7 @@ class RLGain:
             config = self.sft_config(folder / "sft.jsonl", folder / "train", seed, self.demo.budget.sft_epochs)
             return train_local(config, stages=("sft",))["sft"]
 
-        policy, spent = self.timed(folder, train)
+        policy, spent = self.timed(folder, train, reused=[folder / "samples"])  # sampling resumes per question
         return policy, spent, json.loads((folder / "rft.json").read_text())
 
     # -- evaluation ---------------------------------------------------------------------------
@@ -704,7 +709,7 @@ def main() -> None:
             f"seeds first; closed answers: yes/no or named in the question (a guess scores about half); BM25's K "
             f"matches {'rl_process' if 'rl_process' in results else 'sft'}'s documents read")  # fmt: skip
     table = format_table(rows, note)
-    # the goal's second comparison: each trained arm against the compute control, per dataset
+    # the goal's second comparison: each trained arm against the compute control, per dataset and answer form
     control = []
     if "sft_more" in results and len(listed) > 2:
         trained = {arm: scores for arm, scores in arms_here.items() if arm != "sft"}

@@ -8,8 +8,8 @@
   normalised tokens appear as a whole-word run in the prediction's (so "no" does not match "not
   known", which the character-level sub-EM accepts).
 - :func:`clean_answer`: the short answer inside a final step's answer text.
-- :func:`answer_form`: "closed" when a guess has even odds (yes/no, or an answer the question names),
-  else "open".
+- :func:`answer_form`: "closed" when a guess has even odds (yes/no, or one of the choices the question
+  offers), else "open".
 """
 
 from __future__ import annotations
@@ -33,15 +33,18 @@ def normalize_answer(text: str) -> str:
 
 
 def answer_form(question: str, golden_answers: str | Sequence[str]) -> str:
-    """The answer's form: "closed" when the gold answer is yes/no or is named in the question (a comparison's
-    candidate: "Who was born later, A or B?"), so a guess between two scores about half; "open" otherwise. Only
+    """The answer's form: "closed" when the gold answer is yes/no, or the question offers a choice (" or ") and
+    names it ("Who was born later, A or B?"), so a guess between two scores about half; "open" otherwise. Only
     the first gold answer counts: aliases such as "IN" for India would match any question. EM on closed
-    questions can rise without retrieval, so learning curves read them apart."""
+    questions can rise without retrieval, so bench/rl_gain.py's tables read them apart."""
     answers = _as_list(golden_answers)
     if not answers:
         return "open"
-    gold = normalize_answer(answers[0])
-    return "closed" if gold in ("yes", "no") or (gold and f" {gold} " in f" {normalize_answer(question)} ") else "open"
+    gold, asked = normalize_answer(answers[0]), normalize_answer(question)
+    if gold in ("yes", "no"):
+        return "closed"
+    offers_choice = " or " in f" {asked} "
+    return "closed" if offers_choice and gold and f" {gold} " in f" {asked} " else "open"
 
 
 def _as_list(golden_answers: str | Sequence[str]) -> list[str]:

@@ -95,28 +95,30 @@ def test_clean_answer(text, short):
 
 
 @pytest.mark.parametrize(
-    ("question", "golds", "kind"),
+    ("question", "golds", "form"),
     [
         ("Who was born later, Tamsin Valising or Radek Stavodorf?", ["Tamsin Valising"], "closed"),
         ("Were Scott Derrickson and Ed Wood of the same nationality?", ["Yes"], "closed"),
         ("Who was the father of the father of Cedric Wenendorf?", ["Niklas Wenendorf"], "open"),
         ("Which is older, the Met or the Tate Modern?", ["Tate Modern"], "closed"),  # normalised: no article
-        ("Who founded Albertville?", ["Albert"], "open"),  # whole words only
+        ("Who founded Albertville or Bern?", ["Albert"], "open"),  # whole words only
+        # named, but no choice offered: the answer is a namesake
+        ("Who is the paternal grandfather of Anton Fredrik Klaveness?", ["Anton Fredrik Klaveness"], "open"),
         # aliases do not count: "in" is in nearly every question
         ("Which country was Barawal in when India was formed?", ["the country of India", "IN", "in"], "open"),
         ("Anything?", [], "open"),
     ],
 )
-def test_answer_form(question, golds, kind):
-    assert answer_form(question, golds) == kind
+def test_answer_form(question, golds, form):
+    assert answer_form(question, golds) == form
 
 
 def test_answer_form_closes_the_worlds_comparisons_only():
     maker = QuestionMaker(World(200, seed=1), random.Random(2))
-    for question_type, kind in [("comparison", "closed"), ("bridge_comparison", "closed"),
+    for question_type, form in [("comparison", "closed"), ("bridge_comparison", "closed"),
                                 ("compositional", "open"), ("inference", "open")]:  # fmt: skip
         questions = [q for q in (maker.sample(question_type) for _ in range(20)) if q is not None]
-        assert questions and {answer_form(q.text, q.answers) for q in questions} == {kind}, question_type
+        assert questions and {answer_form(q.text, q.answers) for q in questions} == {form}, question_type
 
 
 # -- identity with FlashRAG -----------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from rl_gain import RLGain, build_table, comparison_rows, format_table, read_other_arm, sft_passes
 
 from eval.compare import paired_bootstrap, seeded_paired_bootstrap
+from r3_env.answers import answer_form
 from r3_env.data import iter_jsonl
 from r3_env.train.models import CHECKPOINT_FILE, DONE_FILE
 
@@ -183,23 +185,44 @@ def demo(tmp_path_factory):
 
 def test_training_time_counts_the_attempts_whose_work_is_kept(tmp_path):
     """An attempt killed before its first checkpoint leaves nothing to resume: the next starts from the start, so
-    its time is all the arm spent (it once counted both: an sft_more seed recorded 1,984 s for 1,311 s of SFT)."""
-    folder = tmp_path / "sft_more" / "seed1"
-    (folder / "train" / "sft").mkdir(parents=True)
+    its time is all the arm spent (it once counted both: an sft_more seed recorded 1,984 s for 1,311 s of SFT).
+    One that resumes (a checkpoint, or rft's samples) adds to the earlier attempts' time."""
+    folder = tmp_path / "arm" / "seed1"
+    for stage in ("sft", "ppo"):
+        (folder / "train" / stage).mkdir(parents=True)
     timing = folder / "timing.json"
 
-    def attempt() -> float:
-        return RLGain.timed(None, folder, lambda: str(folder / "train" / "sft" / "policy"))[1]  # type: ignore[arg-type]
+    def attempt(reused: tuple[Path, ...] = ()) -> float:
+        policy = str(folder / "train" / "sft" / "policy")
+        return RLGain.timed(None, folder, lambda: policy, reused)[1]  # type: ignore[arg-type]
 
-    timing.write_text(json.dumps({"train_s": 600.0}))  # a killed attempt, no checkpoint
-    assert attempt() < 60 and json.loads(timing.read_text())["train_s"] < 60
-    timing.write_text(json.dumps({"train_s": 600.0}))  # killed after a checkpoint: the rerun resumes from it
-    (folder / "train" / "sft" / CHECKPOINT_FILE).write_bytes(b"")
-    assert 600 <= attempt() < 660
-    (folder / "train" / "sft" / CHECKPOINT_FILE).unlink()
+    def interrupted() -> str:
+        raise KeyboardInterrupt
+
+    def killed() -> None:
+        with pytest.raises(KeyboardInterrupt):
+            RLGain.timed(None, folder, interrupted)  # type: ignore[arg-type]
+
+    def recorded() -> float:
+        return json.loads(timing.read_text())["train_s"]
+
+    killed()  # the interrupted attempt's time is written down for a resumption
+    assert timing.is_file() and recorded() < 60
+    timing.write_text(json.dumps({"train_s": 600.0}))  # a long attempt, killed before any checkpoint
+    assert attempt() < 60 and recorded() < 60
+    for kept in (folder / "train" / "ppo" / CHECKPOINT_FILE, folder / "train" / "sft" / CHECKPOINT_FILE):
+        timing.write_text(json.dumps({"train_s": 600.0}))  # killed after a checkpoint: the rerun resumes from it
+        kept.write_bytes(b"")
+        assert 600 <= attempt() < 660 and 600 <= recorded() < 660
+        kept.unlink()
+    timing.write_text(json.dumps({"train_s": 600.0}))  # rft's samples are reused by the rerun
+    (folder / "samples").mkdir()
+    assert 600 <= attempt((folder / "samples",)) < 660
+    timing.write_text(json.dumps({"train_s": 600.0}))  # ... but not work the caller does not name
+    assert attempt() < 60
     (folder / "train" / "sft" / DONE_FILE).write_text("{}")  # finished before: its time is read back unchanged
     timing.write_text(json.dumps({"train_s": 600.0}))
-    assert attempt() == 600.0 and json.loads(timing.read_text())["train_s"] == 600.0
+    assert attempt() == 600.0 and recorded() == 600.0
 
 
 @pytest.mark.slow
@@ -223,11 +246,13 @@ def test_every_arm_trains_from_the_sft_policy_and_the_table_has_their_rows_and_c
     assert [row["arm"] for row in control] == ["rl_process", "rl_outcome", "rl_gold", "rft"]
     assert all(row["diff"]["em"]["n"] == 6 for row in control)
     # and per answer form, as the main table splits them (when these 6 questions have both forms): no types
-    forms = {row["group"] for row in summary["rows"] if row["group"].endswith(" answers")}
-    assert forms <= {"world / closed answers", "world / open answers"}
-    by_form = [row for row in summary["vs_sft_more"] if row["group"] != "world"]
-    assert {row["group"] for row in by_form} == forms
-    assert sum(row["diff"]["em"]["n"] for row in by_form if row["arm"] == "rft") == (6 if forms else 0)
+    asked = [row for _, row in iter_jsonl(demo / "world" / "dev.jsonl")][:6]
+    counts = Counter(answer_form(row["question"], row["golden_answers"]) for row in asked)
+    forms = {f"world / {form} answers" for form in counts} if len(counts) > 1 else set()
+    assert forms == {row["group"] for row in summary["rows"] if row["group"].endswith(" answers")}
+    by_form = {row["group"]: row for row in summary["vs_sft_more"] if row["group"] != "world" and row["arm"] == "rft"}
+    assert {group: row["diff"]["em"]["n"] for group, row in by_form.items()} == {
+        f"world / {form} answers": n for form, n in counts.items() if forms}  # fmt: skip
     for row in rows:
         assert row["questions"] == 6
         for metric, diff in row["diff"].items():
