@@ -35,7 +35,7 @@ Each arm is evaluated greedy through the demo's evaluation (``--eval_engine``) o
 questions: the first ``--dev_questions`` of the world's dev set (200 by default), or every question of
 the real-data eval split. Per question: EM, F1, Full-Recall, documents read, answered, format error.
 The table gives each arm's means per dataset, per question type and per answer form (closed: yes/no, or
-named in the question, where a guess between two scores about half; open: the rest;
+one of the choices the question offers, where a guess between two scores about half; open: the rest;
 ``r3_env.answers.answer_form``), each question's score averaged
 over the arm's seeds first), each arm minus ``sft`` with a paired bootstrap 95% CI that resamples the
 questions and each arm's seeds (``eval.compare.seeded_paired_bootstrap``: a training run is itself a
@@ -113,13 +113,24 @@ def scored(rows: dict[str, dict[str, Any]], key: str, metric: str) -> bool:
     return key in rows and rows[key].get(metric) is not None
 
 
+SPLITS = ("type", "form")  # how a dataset's questions are split in the table
+
+
+def split_group(info: dict[str, str], split: str) -> str | None:
+    """The group a question falls in under ``split``: its dataset's question type, or its answer form (None when
+    the question has no form)."""
+    if split == "type":
+        return f"{info['dataset']} / {info['type']}"
+    return f"{info['dataset']} / {info['form']} answers" if info.get("form") else None
+
+
 def build_table(
     arms: dict[str, list[dict[str, dict[str, Any]]]],
     questions: dict[str, dict[str, str]],
     resamples: int = 2000,
     seed: int = 0,
     base: str = "sft",
-    splits: Sequence[str] = ("type", "form"),
+    splits: Sequence[str] = SPLITS,
 ) -> list[dict[str, Any]]:
     """The table's rows: per group of questions (each dataset; each dataset's question types and its closed and
     open answers where it has several, as ``splits`` asks; all of them, not split, when there are several
@@ -129,27 +140,24 @@ def build_table(
     question key -> {"dataset", "type", "form"}, the questions every arm is compared on ("form", the
     question's :func:`r3_env.answers.answer_form`, may be left out).
     """
-    if unknown := set(splits) - {"type", "form"}:
-        raise ValueError(f"splits: {sorted(unknown)}; choose from type, form")
+    if unknown := set(splits) - set(SPLITS):
+        raise ValueError(f"splits: {sorted(unknown)}; choose from {', '.join(SPLITS)}")
     groups: dict[str, list[str]] = defaultdict(list)
-    subgroups: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))  # dataset -> split -> groups
     datasets = sorted({info["dataset"] for info in questions.values()})
     for key, info in questions.items():
-        name = info["dataset"]
-        groups[name].append(key)
-        own = {"type": f"{name} / {info['type']}"}  # the question's group in each split
-        if info.get("form"):
-            own["form"] = f"{name} / {info['form']} answers"
-        for split, group in own.items():
-            groups[group].append(key)
-            subgroups[name][split].add(group)
+        groups[info["dataset"]].append(key)
+        for split in splits:
+            if group := split_group(info, split):
+                groups[group].append(key)
     if len(datasets) > 1:
         groups["all"] = list(questions)
     order = ["all"] if len(datasets) > 1 else []
     for name in datasets:
         order.append(name)
         for split in splits:
-            named = sorted(subgroups[name][split])
+            named = sorted(
+                {g for info in questions.values() if info["dataset"] == name and (g := split_group(info, split))}
+            )
             order += named if len(named) > 1 else []
     reference = arms.get(base)
     rows = []
@@ -706,8 +714,8 @@ def main() -> None:
     note = (f"{len(bench.questions)} {world} questions, greedy ({args.eval_engine}); RL arms: {bench.iterations} "
             f"PPO iterations x {bench.per_iteration} episodes; Δ: arm minus sft, paired bootstrap 95% CI over the "
             f"questions and each arm's seeds ({args.resamples} resamples), each question averaged over the arm's "
-            f"seeds first; closed answers: yes/no or named in the question (a guess scores about half); BM25's K "
-            f"matches {'rl_process' if 'rl_process' in results else 'sft'}'s documents read")  # fmt: skip
+            f"seeds first; closed answers: yes/no or a choice the question offers (a guess scores about half); "
+            f"BM25's K matches {'rl_process' if 'rl_process' in results else 'sft'}'s documents read")  # fmt: skip
     table = format_table(rows, note)
     # the goal's second comparison: each trained arm against the compute control, per dataset and answer form
     control = []
