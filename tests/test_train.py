@@ -222,6 +222,33 @@ def test_one_ppo_iteration_on_scripted_episodes_updates_both_models_with_finite_
         resumed.close()
 
 
+def test_a_ppo_iteration_without_a_reference_logs_no_kl_and_trains_only_the_last_layers(world, tmp_path):
+    """The CPU settings that buy more episodes per second: ``init_kl_coef`` 0 loads no reference model (no made-up
+    KL of 0 is logged or watched), and ``trainable_layers`` 1 leaves the layer below and the embeddings as they were."""
+    from transformers import AutoTokenizer
+
+    from r3_env.train.model_factory import TinyModelConfig, random_qwen2
+
+    tokenizer = AutoTokenizer.from_pretrained(world["policy"])
+    policy = tmp_path / "two_layers"  # the world's policy has one layer
+    random_qwen2(tokenizer, TinyModelConfig(layers=2)).save_pretrained(policy)
+    tokenizer.save_pretrained(policy)
+    model = ModelConfig(policy=str(policy), trainable_layers=1)
+    trainer = make_trainer({**world, "policy": policy}, tmp_path, model, init_kl_coef=0.0)
+    try:
+        assert trainer.reference is None
+        trainer.load_prompts()
+        trainer.items = world["items"][:2]
+        trainer.engine.script = Script(trainer.tokenizer, {i.question: gold_plan(i) for i in trainer.items})
+        before = {name: p.detach().clone() for name, p in trainer.actor.named_parameters()}
+        values = trainer.step()
+        assert values["actor_trained"] == 1.0 and "kl" not in values and math.isfinite(values["returns"])
+        changed = {name for name, p in trainer.actor.named_parameters() if not torch.equal(before[name], p)}
+        assert changed and all(".layers.1." in name or name.endswith("norm.weight") for name in changed), changed
+    finally:
+        trainer.close()
+
+
 @pytest.mark.slow
 def test_one_ppo_iteration_of_a_real_instruct_model(world, smollm2_model, tmp_path):
     """SmolLM2-135M-Instruct (the registry's) samples its own steps, then one PPO update of actor and critic."""

@@ -151,6 +151,8 @@ class PPOTrainer:
         self.reference = None
         if ppo.init_kl_coef > 0:
             self.reference = load_actor(policy, model, self.device, trainable=False).eval().requires_grad_(False)
+        else:  # one forward pass fewer per episode, and nothing to watch the policy's drift by
+            logger.info("ppo.init_kl_coef 0: no reference model, so no KL penalty, and no KL logged or watched")
         self.critic = load_critic(model.critic or policy, model, self.device) if ppo.estimator == "gae" else None
         self.args = openrlhf_args(ppo, rollout.reward.placement)
         strategy = SimpleNamespace(args=self.args)
@@ -404,11 +406,12 @@ class PPOTrainer:
         self.iteration += 1
         values = _episode_stats(responses)
         values.update(losses)
-        if batches:  # with nothing trained no KL or returns were measured: none is logged, and the KL controller and
-            # the health monitor's spike history see no made-up 0
-            values["kl"] = float(torch.cat([b.info["kl"].flatten() for b in batches]).mean())
+        if batches:  # with nothing trained (or no reference) no KL was measured: none is logged, and the KL
+            # controller and the health monitor's spike history see no made-up 0
+            if self.reference is not None:
+                values["kl"] = float(torch.cat([b.info["kl"].flatten() for b in batches]).mean())
+                self.kl_ctl.update(values["kl"], len(responses))
             values["returns"] = float(torch.cat([b.returns[b.action_mask.bool()] for b in batches]).mean())
-            self.kl_ctl.update(values["kl"], len(responses))
         values.update(
             kl_coef=float(self.kl_ctl.value),
             actor_trained=float(train_actor),
