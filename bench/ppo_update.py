@@ -25,7 +25,8 @@ RL arm gets for its wall time:
 - all layers, the reference model, bf16 autocast (the rl_gain benches' settings until 2026-11);
 - all layers, the reference model, fp32;
 - the last ``--layers`` layers (``model.trainable_layers``), the reference model, fp32: backward stops there;
-- the same without the reference model (``ppo.init_kl_coef 0``): no KL penalty, one forward pass fewer.
+- the same without the reference model (``ppo.init_kl_coef 0``): no KL penalty, one forward pass fewer;
+- the same under bf16 autocast.
 
 Prints seconds per update (the fastest of ``--repeats`` after one warm-up), split into the experience
 pass and the update, and peak memory, and the ratios to the first row. Run it alone: two torch jobs on
@@ -74,6 +75,7 @@ def variants(args: argparse.Namespace) -> list[Variant]:
         Variant("all layers, reference, fp32", mixed_precision="no"),
         Variant(f"{last}, reference, fp32", mixed_precision="no", trainable_layers=args.layers),
         Variant(f"{last}, no reference, fp32", mixed_precision="no", trainable_layers=args.layers, reference=False),
+        Variant(f"{last}, no reference, bf16 autocast", trainable_layers=args.layers, reference=False),
     ]
 
 

@@ -54,6 +54,7 @@ def test_the_training_comparison_trains_fewer_layers_and_drops_the_reference(tmp
         "all layers, reference, fp32",
         "last 1 layer, reference, fp32",
         "last 1 layer, no reference, fp32",
+        "last 1 layer, no reference, bf16 autocast",
     ]
     for cells in rows:
         experience, update, total = (float(cell) for cell in cells[1:4])
