@@ -33,20 +33,8 @@ def test_the_bench_times_both_entropy_variants_and_refuses_a_bad_shape(tmp_path,
 
 def test_the_training_comparison_trains_fewer_layers_and_drops_the_reference(tmp_path, bpe_backend):
     policy = save_tiny_causal_lm(tmp_path / "tiny", make_tokenizer(bpe_backend, CHATML_TEMPLATE))
-    done = bench(
-        "--compare",
-        "training",
-        "--policy",
-        str(policy),
-        "--tokens",
-        "48",
-        "--actions",
-        "16",
-        "--layers",
-        "1",
-        "--repeats",
-        "1",
-    )
+    small = ("--compare", "training", "--policy", str(policy), "--tokens", "48", "--actions", "16", "--repeats", "1")
+    done = bench(*small, "--layers", "1")
     assert done.returncode == 0, done.stderr
     rows = table_rows(done.stdout)
     assert [cells[0] for cells in rows] == [
@@ -60,20 +48,7 @@ def test_the_training_comparison_trains_fewer_layers_and_drops_the_reference(tmp
         experience, update, total = (float(cell) for cell in cells[1:4])
         # a tiny model's experience pass can print as 0.00 s; each cell is rounded to 0.01 s
         assert experience >= 0 and update > 0 and abs(experience + update - total) <= 0.0151
-    refused = bench(
-        "--compare",
-        "training",
-        "--policy",
-        str(policy),
-        "--tokens",
-        "48",
-        "--actions",
-        "16",
-        "--layers",
-        "3",
-        "--repeats",
-        "1",
-    )
+    refused = bench(*small, "--layers", "3")
     # the layer count reaches the trainer, which refuses more layers than the model has
     assert refused.returncode != 0 and "model.trainable_layers: 3 is more than the model's 2 layers" in refused.stderr
 
