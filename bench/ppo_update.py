@@ -9,9 +9,10 @@ Runs the local trainer's own update (``PPOTrainer._actor_step``: OpenRLHF's Acto
 compute_entropy, then one AdamW step) on ``--episodes`` random transcripts of ``--tokens`` tokens whose
 last ``--actions`` span the policy's steps (the cold-start transcripts average about 750 SmolLM2 tokens
 and reach about 1,200, so 1,000 is the long end, where the peak is set), in micro-batches of ``--micro_batch``.
-Before it, the experience pass ``PPOTrainer.make_experiences`` makes for the same transcripts: the actor's
-log-probs without a graph, and the reference model's where there is one. Each variant runs in its own
-process, so its peak resident memory (``getrusage``, what PPO logs as ``peak_rss_gib``) is its own.
+Before it, the experience pass ``PPOTrainer.make_experiences`` makes for the same transcripts
+(``PPOTrainer.score``): the actor's log-probs without a graph, and the reference model's where there is
+one. Each variant runs in its own process, so its peak resident memory (``getrusage``, what PPO logs as
+``peak_rss_gib``) is its own.
 
 ``--compare entropy`` (under ``--mixed_precision``, the SmolLM2 recipe's bf16 autocast by default):
 
@@ -118,12 +119,8 @@ def time_update(policy: str, variant: Variant, args: argparse.Namespace, out: st
         experience_times, update_times = [], []
         for _ in range(args.repeats + 1):
             started = time.perf_counter()
-            with torch.no_grad():  # make_experiences' model work: the log-probs the update's ratio starts from
-                trainer.actor.eval()
-                for batch in group:
-                    for model_ in (trainer.actor, trainer.reference):
-                        if model_ is not None:
-                            model_(batch.sequences, batch.action_mask, attention_mask=batch.attention_mask)
+            for batch in group:  # make_experiences' model work: the log-probs the update's ratio starts from
+                trainer.score(batch)
             experience_times.append(time.perf_counter() - started)
             started = time.perf_counter()
             trainer._actor_step(group)

@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 import yaml
-from conftest import ROOT, Script, ServiceProcess, answer_step, query_step
+from conftest import ROOT, Script, ServiceProcess, answer_step, query_step, save_tiny_causal_lm
 from transformers import AutoModelForCausalLM
 
 from demo.services import VLLMServer
@@ -225,14 +225,8 @@ def test_one_ppo_iteration_on_scripted_episodes_updates_both_models_with_finite_
 def test_a_ppo_iteration_without_a_reference_logs_no_kl_and_trains_only_the_last_layers(world, tmp_path):
     """The CPU settings that buy more episodes per second: ``init_kl_coef`` 0 loads no reference model (no made-up
     KL of 0 is logged or watched), and ``trainable_layers`` 1 leaves the layer below and the embeddings as they were."""
-    from transformers import AutoTokenizer
-
-    from r3_env.train.model_factory import TinyModelConfig, random_qwen2
-
-    tokenizer = AutoTokenizer.from_pretrained(world["policy"])
-    policy = tmp_path / "two_layers"  # the world's policy has one layer
-    random_qwen2(tokenizer, TinyModelConfig(layers=2)).save_pretrained(policy)
-    tokenizer.save_pretrained(policy)
+    # the world's policy has one layer
+    policy = save_tiny_causal_lm(tmp_path / "two_layers", load_tokenizer(str(world["policy"])))
     model = ModelConfig(policy=str(policy), trainable_layers=1)
     trainer = make_trainer({**world, "policy": policy}, tmp_path, model, init_kl_coef=0.0)
     try:

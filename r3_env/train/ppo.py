@@ -276,13 +276,8 @@ class PPOTrainer:
 
         samples = [self.generator._process_response_into_experience(r, max_len=self.ppo.max_len) for r in responses]
         batches = self.maker.split_rollout_samples(samples)
-        self.actor.eval()
         for batch in batches:
-            sequences, attention = batch.sequences.to(self.device), batch.attention_mask.to(self.device)
-            action_mask = batch.action_mask.to(self.device)
-            log_probs = self.actor(sequences, action_mask, attention_mask=attention)
-            base = self.reference(sequences, action_mask, attention_mask=attention) if self.reference else None
-            values = self.critic(sequences, action_mask, attention_mask=attention) if self.critic else None
+            log_probs, base, values = self.score(batch)
             if base is not None:
                 kl = compute_approx_kl(log_probs, base, kl_estimator=self.ppo.kl_estimator)
             else:
@@ -293,6 +288,18 @@ class PPOTrainer:
             batch.kl = kl.float().cpu()
             batch.info["kl"] = masked_mean(batch.kl, batch.action_mask, dim=-1)
         return self.maker.compute_advantages_and_returns(batches)
+
+    @torch.no_grad()
+    def score(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """One micro-batch's model work before the update: the actor's log-probs, the reference's and the critic's
+        values (None where there is no such model), on the trainer's device. bench/ppo_update.py times it."""
+        self.actor.eval()
+        sequences, attention = batch.sequences.to(self.device), batch.attention_mask.to(self.device)
+        action_mask = batch.action_mask.to(self.device)
+        log_probs = self.actor(sequences, action_mask, attention_mask=attention)
+        base = self.reference(sequences, action_mask, attention_mask=attention) if self.reference else None
+        values = self.critic(sequences, action_mask, attention_mask=attention) if self.critic else None
+        return log_probs, base, values
 
     # -- 3. updates ---------------------------------------------------------------------------------
 
