@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -111,15 +112,15 @@ def test_model_factory_builds_a_tokenizer_for_the_world_and_the_protocol(world, 
 # -- SFT ----------------------------------------------------------------------------------------------
 
 
-def test_sft_learns_the_cold_start_steps_and_resumes(world, tmp_path):
+def gold_sft_data(world, out: Path, questions: int = 6) -> Path:
+    """The first ``questions`` questions' gold decompositions as cold-start trajectories (each hop with its gold
+    passage), written as SFT transcripts by ``r3rag coldstart sft-data``'s builder."""
     from r3_env.coldstart.sft_data import SFTDataConfig, build_sft_data
-    from r3_env.train.metrics import MetricsLog, read_metrics
-    from r3_env.train.sft import run_sft
 
     passages = {p.id: p.to_json() for p in iter_corpus(world["root"] / "world" / "corpus.jsonl")}
-    trajectories = tmp_path / "trajectories.jsonl"
+    trajectories = out / "trajectories.jsonl"
     rows = []
-    for item in world["items"][:6]:  # the gold decomposition as a trajectory, each hop with its gold passage
+    for item in world["items"][:questions]:
         hops = item.metadata["question_decomposition"]
         steps = [
             {"analysis": f"I need hop {i + 1}.", "query": h["question"], "documents": [passages[h["passage_id"]]]}
@@ -136,8 +137,16 @@ def test_sft_learns_the_cold_start_steps_and_resumes(world, tmp_path):
             }
         )
     trajectories.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    sft_data = tmp_path / "sft.jsonl"
+    sft_data = out / "sft.jsonl"
     build_sft_data(SFTDataConfig(input=str(trajectories), out=str(sft_data), tokenizer=str(world["policy"])))
+    return sft_data
+
+
+def test_sft_learns_the_cold_start_steps_and_resumes(world, tmp_path):
+    from r3_env.train.metrics import MetricsLog, read_metrics
+    from r3_env.train.sft import run_sft
+
+    sft_data = gold_sft_data(world, tmp_path)
     run = RunConfig(out=str(tmp_path / "run"), seed=0, device="cpu")
     sft = SFTConfig(data=str(sft_data), epochs=8, lr=2e-2, batch_size=2, micro_batch_size=1, lr_warmup_ratio=0.0)
     metrics = MetricsLog(tmp_path / "run")
@@ -241,6 +250,39 @@ def test_a_ppo_iteration_without_a_reference_logs_no_kl_and_trains_only_the_last
         assert changed and all(".layers.1." in name or name.endswith("norm.weight") for name in changed), changed
     finally:
         trainer.close()
+
+
+def test_ppo_ptx_adds_the_teachers_sft_loss_to_each_actor_step_and_resumes_its_place(world, tmp_path):
+    """``ppo.ptx_data``: each actor step also takes the SFT loss of ``ptx_batch_size`` teacher transcripts. At
+    ``ptx_coef`` 0 the update is the RL-only one; at 1 it differs; the checkpoint keeps the transcripts' place."""
+    sft_data = gold_sft_data(world, tmp_path, questions=3)
+    updated = []
+    for name, ptx in (("rl", {}), ("ptx0", {"ptx_coef": 0.0}), ("ptx1", {"ptx_coef": 1.0})):
+        if ptx:
+            ptx = {**ptx, "ptx_data": str(sft_data), "ptx_batch_size": 2}
+        trainer = make_trainer(world, tmp_path / name, estimator="reinforce", **ptx)
+        try:
+            script_one_right_one_wrong(trainer, world)
+            values = trainer.step()  # 4 episodes, one actor step
+            if ptx:
+                assert math.isfinite(values["ptx_loss"]) and values["ptx_loss"] > 0
+                assert trainer.ptx_position == 2
+                trainer.save()
+            else:
+                assert "ptx_loss" not in values
+            updated.append([p.detach().clone() for p in trainer.actor.parameters()])
+        finally:
+            trainer.close()
+    rl, ptx0, ptx1 = updated
+    assert all(torch.equal(a, b) for a, b in zip(rl, ptx0, strict=True))
+    assert any(not torch.allclose(a, b) for a, b in zip(rl, ptx1, strict=True))
+    resumed = make_trainer(world, tmp_path / "ptx1", estimator="reinforce", ptx_data=str(sft_data), ptx_coef=1.0)
+    try:
+        assert resumed.resume() and resumed.ptx_position == 2
+    finally:
+        resumed.close()
+    with pytest.raises(FileNotFoundError, match=r"ppo\.ptx_data .*r3rag coldstart sft-data"):
+        make_trainer(world, tmp_path / "missing", ptx_data=str(tmp_path / "nothing.jsonl"))
 
 
 @pytest.mark.slow

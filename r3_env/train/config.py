@@ -150,6 +150,18 @@ class PPOConfig:
             "group-baseline advantage"
         },
     )
+    ptx_data: str = field(
+        default="",
+        metadata={
+            "help": "teacher transcripts (r3rag coldstart sft-data, transcript form) whose SFT loss joins every actor "
+            "step: PPO-ptx (InstructGPT; OpenRLHF's former --pretrain_data), here with the cold-start data, so RL "
+            "keeps the teacher's signal on the questions its samples all fail ('': RL loss only)"
+        },
+    )
+    ptx_coef: float = field(default=0.05, metadata={"help": "weight of that SFT loss (OpenRLHF's former --ptx_coef)"})
+    ptx_batch_size: int = field(
+        default=2, metadata={"help": "transcripts per actor step, taken in turn over seeded passes of ptx_data"}
+    )
     eval_prompts: str = field(
         default="",
         metadata={
@@ -179,6 +191,8 @@ class PPOConfig:
                 "ppo.filter_groups drops questions whose samples share one reward, which carry no advantage only under "
                 "a group baseline: set ppo.estimator group_norm and ppo.n_samples_per_prompt >= 2"
             )
+        if self.ptx_coef < 0 or self.ptx_batch_size < 1:
+            raise ValueError("ppo.ptx_coef must be 0 or more and ppo.ptx_batch_size at least 1")
         if self.eval_every < 1 or self.eval_questions < 0:
             raise ValueError("ppo.eval_every must be at least 1 and eval_questions 0 or more")
         if self.estimator == "group_norm" and self.n_samples_per_prompt < 2:

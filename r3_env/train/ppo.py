@@ -20,8 +20,10 @@ One iteration:
    ``compute_advantages_and_returns`` (through r3rag's subclass: each step's reward at its last
    token, the KL penalty per token) computes GAE or REINFORCE returns and normalises advantages.
 3. **Updates.** OpenRLHF's ``PolicyLoss`` (clipped ratio) and ``ValueLoss`` (clipped values), and
-   its ``compute_entropy`` for the entropy. Accumulation, clipping and AdamW steps are the local
-   trainer's own: OpenRLHF runs them through DeepSpeed, which needs a GPU.
+   its ``compute_entropy`` for the entropy. With ``ppo.ptx_data`` each actor step also takes
+   ``ptx_coef`` times OpenRLHF's ``SFTLoss`` on ``ptx_batch_size`` teacher transcripts (PPO-ptx).
+   Accumulation, clipping and AdamW steps are the local trainer's own: OpenRLHF runs them through
+   DeepSpeed, which needs a GPU.
 
 Each iteration the health monitor (:mod:`r3_env.train.health`) logs the shares of unanswered
 episodes, format errors and blank, repeated or copied queries beside the iteration's values, and
@@ -56,6 +58,7 @@ import torch
 from r3_env.data import QAItem, read_dataset, read_label
 from r3_env.engines import HFEngine, SamplingParams, TokenEngine
 from r3_env.episode import ROLLOUT_OUTCOMES
+from r3_env.protocol import ChatRenderer
 from r3_env.rollout_config import RolloutConfig
 from r3_env.train import openrlhf_cpu
 from r3_env.train.config import HealthConfig, ModelConfig, PPOConfig, RunConfig
@@ -76,6 +79,7 @@ from r3_env.train.models import (
     save_state,
     set_rng_state,
 )
+from r3_env.train.sft import sft_backward, sft_dataset
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +139,7 @@ class PPOTrainer:
         from r3_env.openrlhf import step_rewards
 
         step_rewards.install()  # before OpenRLHF's experience maker is imported: it patches compute_reward
-        from openrlhf.models import PolicyLoss, ValueLoss
+        from openrlhf.models import PolicyLoss, SFTLoss, ValueLoss
         from openrlhf.models.utils import compute_entropy
         from openrlhf.trainer.ppo_utils.kl_controller import AdaptiveKLController, FixedKLController
 
@@ -165,6 +169,12 @@ class PPOTrainer:
         self.maker = maker_cls(None, None, None, None, self.kl_ctl, strategy, self.tokenizer)
         self.policy_loss = PolicyLoss(clip_eps_low=ppo.eps_clip, clip_eps_high=ppo.eps_clip_high or ppo.eps_clip)
         self.value_loss = ValueLoss(clip_eps=ppo.value_clip)
+        self.ptx, self.ptx_loss, self.ptx_position = None, SFTLoss(), 0  # the teacher's transcripts and where next
+        if ppo.ptx_data:
+            template = ChatRenderer(self.tokenizer, rollout.policy.step_format, rollout.policy.chat_template).template
+            self.ptx = sft_dataset(ppo.ptx_data, self.tokenizer, ppo.max_len, template, field="ppo.ptx_data")
+            if len(self.ptx) == 0:
+                raise ValueError(f"ppo.ptx_data {ppo.ptx_data} holds no transcripts")
         # torch.compile'd on GPU (OpenRLHF's choice); its eager body on CPU, where compiling costs more than it saves
         self.entropy = compute_entropy
         if self.device.type != "cuda":
@@ -225,6 +235,17 @@ class PPOTrainer:
             random.Random(self.run.seed * 1_000_003 + epoch).shuffle(order)
             batch.append(self.items[order[offset]])
             self.position += 1
+        return batch
+
+    def next_transcripts(self) -> list[Any]:
+        """The next ``ptx_batch_size`` teacher transcripts: passes over ``ptx_data``, each in a seeded order."""
+        batch = []
+        for _ in range(self.ppo.ptx_batch_size):
+            epoch, offset = divmod(self.ptx_position, len(self.ptx))
+            order = list(range(len(self.ptx)))
+            random.Random(self.run.seed * 1_000_003 + epoch + 7).shuffle(order)
+            batch.append(self.ptx[order[offset]])
+            self.ptx_position += 1
         return batch
 
     # -- 1. rollouts --------------------------------------------------------------------------------
@@ -357,6 +378,12 @@ class PPOTrainer:
                 ("ppo_kl", ppo_kl),
             ):
                 logs[name] += share * float(value.detach())
+        if self.ptx is not None:  # PPO-ptx: the teacher's transcripts pull beside the advantages
+            micro = self.ppo.micro_batch_size
+            loss, _ = sft_backward(
+                self.actor, self.ptx, self.next_transcripts(), micro, self.ptx_loss, self.device, self.ppo.ptx_coef
+            )
+            logs["ptx_loss"] = loss
         logs["actor_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.actor.parameters(), self.ppo.max_norm))
         self.actor_optim.step()
         self.actor_sched.step()
@@ -527,6 +554,7 @@ class PPOTrainer:
         state = {
             "iteration": self.iteration,
             "position": self.position,
+            "ptx_position": self.ptx_position,
             "kl_coef": float(self.kl_ctl.value),
             "actor": self.actor.model.state_dict(),
             "actor_optim": self.actor_optim.state_dict(),
@@ -555,6 +583,7 @@ class PPOTrainer:
             self.critic_optim.load_state_dict(state["critic_optim"])
             self.critic_sched.load_state_dict(state["critic_sched"])
         self.iteration, self.position = state["iteration"], state["position"]
+        self.ptx_position = state.get("ptx_position", 0)
         self.kl_ctl.value = state["kl_coef"]
         self.best = state.get("best")
         saved = self.folder / "best_policy" / BEST_FILE  # written at an evaluation, maybe after this checkpoint

@@ -48,21 +48,22 @@ from r3_env.train.models import (
 logger = logging.getLogger(__name__)
 
 
-def sft_dataset(path: str, tokenizer: Any, max_len: int, chat_template: str | None) -> Any:
-    """OpenRLHF's SFTDataset over a transcript-form file (multi-turn: loss on every assistant turn)."""
+def sft_dataset(path: str, tokenizer: Any, max_len: int, chat_template: str | None, field: str = "sft.data") -> Any:
+    """OpenRLHF's SFTDataset over a transcript-form file (multi-turn: loss on every assistant turn); ``field`` is the
+    setting that named the file, for the errors."""
     openrlhf_cpu.enable()
     from datasets import load_dataset
     from openrlhf.datasets import SFTDataset
 
     if not Path(path).is_file():
-        raise FileNotFoundError(f"sft.data {path} does not exist: write it with r3rag coldstart sft-data")
+        raise FileNotFoundError(f"{field} {path} does not exist: write it with r3rag coldstart sft-data")
     data = SimpleNamespace(
         input_key="messages", output_key=None, apply_chat_template=True, tokenizer_chat_template=chat_template
     )
     rows = load_dataset("json", data_files=str(path), split="train")
     if "messages" not in rows.column_names:
         raise ValueError(
-            f"{path} has no 'messages' column: make it with r3rag coldstart sft-data --form transcript "
+            f"{field} {path} has no 'messages' column: make it with r3rag coldstart sft-data --form transcript "
             "(the per_step form is for OpenRLHF's cluster SFT)"
         )
     return SFTDataset(
@@ -111,7 +112,7 @@ def run_sft(run: RunConfig, model: ModelConfig, sft: SFTConfig, rollout: Rollout
         for start in bar:
             started = time.perf_counter()
             items = [dataset[i] for i in order[start : start + sft.batch_size]]
-            loss_value, tokens = _sft_step(actor, dataset, items, sft, loss_fn, device)
+            loss_value, tokens = sft_backward(actor, dataset, items, sft.micro_batch_size, loss_fn, device)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(actor.parameters(), sft.max_norm))
             optimizer.step()
             scheduler.step()
@@ -147,19 +148,22 @@ def run_sft(run: RunConfig, model: ModelConfig, sft: SFTConfig, rollout: Rollout
     return final
 
 
-def _sft_step(actor: Any, dataset: Any, items: list, sft: SFTConfig, loss_fn: Any, device: torch.device):
-    """Accumulate one optimizer step's gradients; the loss is the mean over all its trained tokens."""
+def sft_backward(
+    actor: Any, dataset: Any, items: list, micro_batch_size: int, loss_fn: Any, device: torch.device, scale: float = 1.0
+) -> tuple[float, int]:
+    """Accumulate ``scale`` times the SFT loss of ``items`` (the mean over all their trained tokens) into the
+    gradients; returns that loss, unscaled, and its token count. PPO's ``ppo.ptx_data`` adds it to actor steps."""
     actor.train()
     items = sorted(items, key=lambda item: item[0].shape[-1])  # similar lengths share a micro-batch: less padding
     batch_tokens = sum(float(mask[:, :-1].sum()) for _, _, mask in items)
     total = 0.0
-    for start in range(0, len(items), sft.micro_batch_size):
-        input_ids, attention_mask, loss_mask = dataset.collate_fn(items[start : start + sft.micro_batch_size])
+    for start in range(0, len(items), micro_batch_size):
+        input_ids, attention_mask, loss_mask = dataset.collate_fn(items[start : start + micro_batch_size])
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         loss_mask = loss_mask.to(device)[:, :-1]
         log_probs = actor(input_ids, attention_mask=attention_mask, return_logprobs=True)
         share = float(loss_mask.sum()) / max(batch_tokens, 1.0)
         loss = loss_fn(log_probs, loss_mask) * share
-        loss.backward()
+        (loss * scale).backward()
         total += float(loss.detach())
     return total, int(batch_tokens)
