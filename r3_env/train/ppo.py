@@ -230,10 +230,7 @@ class PPOTrainer:
         """The next ``rollout_batch_size`` questions: passes over the set, each in a seeded order."""
         batch = []
         for _ in range(self.ppo.rollout_batch_size):
-            epoch, offset = divmod(self.position, len(self.items))
-            order = list(range(len(self.items)))
-            random.Random(self.run.seed * 1_000_003 + epoch).shuffle(order)
-            batch.append(self.items[order[offset]])
+            batch.append(self.items[shuffled_index(self.position, len(self.items), self.run.seed)])
             self.position += 1
         return batch
 
@@ -241,10 +238,8 @@ class PPOTrainer:
         """The next ``ptx_batch_size`` teacher transcripts: passes over ``ptx_data``, each in a seeded order."""
         batch = []
         for _ in range(self.ppo.ptx_batch_size):
-            epoch, offset = divmod(self.ptx_position, len(self.ptx))
-            order = list(range(len(self.ptx)))
-            random.Random(self.run.seed * 1_000_003 + epoch + 7).shuffle(order)
-            batch.append(self.ptx[order[offset]])
+            # a seed of its own: the transcripts' order does not follow the questions'
+            batch.append(self.ptx[shuffled_index(self.ptx_position, len(self.ptx), self.run.seed + 7)])
             self.ptx_position += 1
         return batch
 
@@ -602,6 +597,14 @@ class PPOTrainer:
         if self.ppo.vllm_url:
             self.loop.run_until_complete(self.engine.aclose())
         self.loop.close()
+
+
+def shuffled_index(position: int, size: int, seed: int) -> int:
+    """The index at ``position`` of endless passes over ``size`` items, each pass in its own seeded order."""
+    epoch, offset = divmod(position, size)
+    order = list(range(size))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return order[offset]
 
 
 def differing_groups(responses: Sequence[dict[str, Any]], samples: int) -> list[dict[str, Any]]:
