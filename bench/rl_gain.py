@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
@@ -230,14 +231,15 @@ def comparison_rows(
 
 
 def read_other_arm(
-    folder: Path, questions: dict[str, dict[str, str]], demo_out: Path
+    folder: Path, questions: dict[str, dict[str, str]], demo_out: Path, env: dict[str, Any] | None = None
 ) -> tuple[str, list[dict[str, dict[str, Any]]]]:
     """``--against``'s arm of another bench OUT: its label (OUT's name/arm) and its seeds' per-question scores,
     from FOLDER/result.json or FOLDER/seedN/result.json.
 
     Refused unless that bench ran on this demo (its OUT/rl_gain.json names the demo: world question ids
-    repeat across worlds), its seeds share their settings, and every seed scored every question compared
-    here, since a difference is only paired on the same questions."""
+    repeat across worlds), its seeds share their settings, every seed scored every question compared
+    here, since a difference is only paired on the same questions, and (``env``: this bench's episode
+    rules) its evaluation ran under the same rules."""
     folder = folder.resolve()
     fix = "give an arm folder of another bench on the same --demo, e.g. OUT/sft"
     summary = folder.parent / "rl_gain.json"
@@ -255,9 +257,21 @@ def read_other_arm(
         try:
             result = json.loads(path.read_text())
             results.append((path, result["scores"], {**result["settings"], "seed": None}))
+            run = demo_out / "eval" / Path(result["eval_run"]).name / "run.json"
         except (ValueError, KeyError, TypeError) as error:
             raise ValueError(f"--against {folder}: {path} is not a bench result (no scores or settings: "
                              f"{error}); {fix}") from None  # fmt: skip
+        if env and run.is_file():
+            from r3_env.env import EnvConfig
+
+            # a rule newer than that run is at its default there
+            ran = {field.name: field.default for field in dataclasses.fields(EnvConfig)} | json.loads(run.read_text())[
+                "env"
+            ]
+            if differ := {key: ran.get(key) for key, value in env.items() if ran.get(key) != value}:
+                raise ValueError(f"--against {folder}: {path} was evaluated with env {differ}, this bench with "
+                                 f"{ {key: env[key] for key in differ} }; compare arms evaluated under the same "
+                                 "episode rules (the same --set env.*)")  # fmt: skip
     for path, scores, settings in results:
         if settings != results[0][2]:
             raise ValueError(f"--against {folder}: {path} was trained with {settings}, {results[0][0]} with "
@@ -320,7 +334,12 @@ class RLGain:
         self.start = Path(args.start).resolve() if args.start else demo.finished_sft_policy()
         self.data = demo.sources()
         # the batch PPO will run: the demo's, as --set changes it
-        ppo = demo.train_config(self.start, "", self.data.prompts, "", "").with_settings(settings).ppo
+        config = demo.train_config(self.start, "", self.data.prompts, "", "").with_settings(settings)
+        ppo = config.ppo
+        # --set env.* changes the episode for every arm, so evaluation (the start's too) follows it
+        changed = sorted(key.split(".", 1)[1] for key in settings if key.startswith("env."))
+        self.env_changes = {key: getattr(config.rollout.env, key) for key in changed}
+        self.env = {**demo.env, **self.env_changes}
         self.samples = ppo.n_samples_per_prompt
         self.per_iteration = ppo.rollout_batch_size * self.samples
         self.iterations = math.ceil(args.episodes / self.per_iteration)
@@ -337,7 +356,7 @@ class RLGain:
     def arm_settings(self, arm: str, seed: int | None) -> dict[str, Any]:
         """What the arm's result depends on: a result.json saved with others is refused, not mixed in."""
         if arm == "sft":
-            return {"start": str(self.start)}
+            return {"start": str(self.start)} | ({"env": self.env_changes} if self.env_changes else {})
         common = {"start": str(self.start), "seed": seed, "set": self.settings}
         if arm in RL_SCHEMES:
             return {**common, "episodes": self.iterations * self.per_iteration, "iterations": self.iterations}
@@ -468,7 +487,7 @@ class RLGain:
         temperature = self.args.rft_temperature
         if self.demo.config.eval_engine == "vllm":
             generation = {"generation.temperature": temperature, "generation.seed": seed}
-            self.demo._evaluate_in_vllm_env({**settings, **generation}, policy, self.urls[0])
+            self.demo._evaluate_in_vllm_env({**settings, **generation}, policy, self.urls[0], self.env)
         else:
             from demo.run import MAX_MODEL_LEN
             from eval.engines import EngineConfig, GenerationConfig
@@ -478,7 +497,7 @@ class RLGain:
 
             engine = EngineConfig(kind="hf", model=str(policy), dtype="float32", max_model_len=MAX_MODEL_LEN)
             generation = GenerationConfig(temperature=temperature, seed=seed)
-            asyncio.run(run_eval(EvalRunConfig(**settings), EnvConfig(**self.demo.env), engine, generation,
+            asyncio.run(run_eval(EvalRunConfig(**settings), EnvConfig(**self.env), engine, generation,
                                  RetrievalSource(url=self.urls[0])))  # fmt: skip
         asyncio.run(score_run(ScoreConfig(run=str(out)), JudgeClientConfig(url=self.urls[1])))
 
@@ -536,7 +555,7 @@ class RLGain:
             logger.warning("%s is older than its policy %s: evaluating it afresh", run, policy)
             shutil.rmtree(run)
         self.demo.evaluate(f"rl_gain_{self.tag}_{name}", policy, data, *self.urls, max_questions=self.dev_questions,
-                           **extra)  # fmt: skip
+                           env=self.env, **extra)  # fmt: skip
         return self.demo.paths[f"eval_rl_gain_{self.tag}_{name}"]
 
     def run_arm(self, arm: str, seed: int | None) -> dict[str, Any]:
@@ -668,7 +687,7 @@ def main() -> None:
     against_folders: dict[str, str] = {}
     for folder in args.against:  # read before anything trains: a wrong folder is refused up front
         try:
-            label, scores = read_other_arm(Path(folder), bench.questions, Path(args.demo))
+            label, scores = read_other_arm(Path(folder), bench.questions, Path(args.demo), bench.env)
         except ValueError as error:
             sys.exit(str(error))
         if label in others:

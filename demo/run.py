@@ -703,11 +703,20 @@ class Demo:
         return LocalTrainConfig.from_sections(*configs_from_values(values, SECTIONS, where="demo"))
 
     def evaluate(
-        self, name: str, policy: Path, data: str, retriever: str, reward: str, eval_method: str = "r3", **extra: Any
+        self,
+        name: str,
+        policy: Path,
+        data: str,
+        retriever: str,
+        reward: str,
+        eval_method: str = "r3",
+        env: dict[str, Any] | None = None,
+        **extra: Any,
     ) -> dict[str, Any]:
         """Run ``eval_method`` with ``policy`` on ``data`` (comma-separated files) and score it.
 
-        ``extra``: more :class:`eval.run.EvalRunConfig` settings (``naive_topk`` for the baselines).
+        ``env``: the episode's rules (default: the demo's). ``extra``: more :class:`eval.run.EvalRunConfig`
+        settings (``naive_topk`` for the baselines).
         """
         from eval.score import ScoreConfig, score_run
         from r3_env.runs import JudgeClientConfig
@@ -723,8 +732,9 @@ class Demo:
             "method": eval_method,
             **extra,
         }
+        env = env or self.env
         if self.config.eval_engine == "vllm":
-            self._evaluate_in_vllm_env(settings, policy, retriever)
+            self._evaluate_in_vllm_env(settings, policy, retriever, env)
         else:
             from eval.engines import EngineConfig, GenerationConfig
             from eval.run import EvalRunConfig, run_eval
@@ -734,7 +744,7 @@ class Demo:
             engine = EngineConfig(kind="hf", model=str(policy), dtype="float32", max_model_len=MAX_MODEL_LEN)
             asyncio.run(
                 run_eval(
-                    EvalRunConfig(**settings), EnvConfig(**self.env), engine, GenerationConfig(),
+                    EvalRunConfig(**settings), EnvConfig(**env), engine, GenerationConfig(),
                     RetrievalSource(url=retriever),
                 )
             )  # fmt: skip
@@ -742,16 +752,20 @@ class Demo:
         self.paths[f"eval_{name}"] = folder
         return scores
 
-    def _evaluate_in_vllm_env(self, settings: dict[str, Any], policy: Path, retriever: str) -> None:
-        """``r3rag eval run --engine.kind vllm`` in the vLLM env, with vLLM's CPU settings (:func:`vllm_cpu_env`)."""
+    def _evaluate_in_vllm_env(
+        self, settings: dict[str, Any], policy: Path, retriever: str, env: dict[str, Any] | None = None
+    ) -> None:
+        """``r3rag eval run --engine.kind vllm`` in the vLLM env, with vLLM's CPU settings (:func:`vllm_cpu_env`);
+        ``env``: the episode's rules (default: the demo's)."""
         import os
         import subprocess
 
         from eval.run import PREDICTIONS
 
+        env = env or self.env
         flags = [f"--{key}={value}" for key, value in settings.items()]
-        flags += [f"--env.{key}={value}" for key, value in self.env.items() if not isinstance(value, bool)]
-        flags += [f"--{'' if value else 'no-'}env.{key}" for key, value in self.env.items() if isinstance(value, bool)]
+        flags += [f"--env.{key}={value}" for key, value in env.items() if not isinstance(value, bool)]
+        flags += [f"--{'' if value else 'no-'}env.{key}" for key, value in env.items() if isinstance(value, bool)]
         engine = ["--engine.kind=vllm", f"--engine.model={policy}", "--engine.dtype=float32", "--engine.enforce_eager",
                   f"--engine.max_model_len={MAX_MODEL_LEN}", f"--retrieval.url={retriever}"]  # fmt: skip
         command = [self.config.vllm_python, "-m", "r3_env.cli", "-q", "eval", "run", *flags, *engine]

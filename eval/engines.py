@@ -101,7 +101,8 @@ class ChatEngine(ABC):
 
     @abstractmethod
     async def chat(self, messages: Sequence[dict[str, str]], max_tokens: int, stop: Sequence[str] = ()) -> ChatReply:
-        """The next assistant turn; text is cut before the first of ``stop``."""
+        """The next assistant turn; text is cut before the first of ``stop``. A last assistant message is a turn
+        already started (``EnvConfig.answer_at_limit``): the reply is its continuation."""
 
     async def aclose(self) -> None:  # noqa: B027 - most engines hold nothing to release
         pass
@@ -142,7 +143,9 @@ class TokenChatEngine(ChatEngine):
         return ChatRenderer(self.tokenizer, step_format, self.chat_template, doc_chars=doc_chars)
 
     async def chat(self, messages: Sequence[dict[str, str]], max_tokens: int, stop: Sequence[str] = ()) -> ChatReply:
-        return await self.complete(self._template.generation_prompt(messages), max_tokens, stop)
+        started = messages[-1]["content"] if messages and messages[-1]["role"] == "assistant" else ""
+        head = messages[:-1] if started else messages
+        return await self.complete(self._template.generation_prompt(head) + started, max_tokens, stop)
 
     async def complete(
         self, prompt: str, max_tokens: int, stop: Sequence[str] = (), token_probs: bool = False
@@ -208,6 +211,9 @@ class OpenAIChatEngine(ChatEngine):
     async def chat(self, messages: Sequence[dict[str, str]], max_tokens: int, stop: Sequence[str] = ()) -> ChatReply:
         from r3_env.chat_client import ChatEndpointError
 
+        if messages and messages[-1]["role"] == "assistant":
+            raise ValueError("an OpenAI-compatible endpoint does not continue a started assistant turn: "
+                             "env.answer_at_limit needs a local engine (--engine.kind hf or vllm)")  # fmt: skip
         try:
             reply = await self.client.complete(
                 messages,

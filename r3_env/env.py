@@ -14,7 +14,10 @@ union of what they found; its stop signal ends the episode after that retrieval,
 (a STOP step). An episode may start from ``context`` documents (R2AG's later rounds), which count
 as already shown.
 
-Reaching ``max_steps`` retrievals without an answer ends the episode with no answer. Every step
+Reaching ``max_steps`` retrievals without an answer ends the episode with no answer, or, with
+``answer_at_limit``, shows the last documents and starts the final step for the policy (the format's
+:meth:`answer_prefix`), so that its next words are the answer: how FlashRAG's iterative pipelines
+answer once their iterations run out. Every step
 leaves a :class:`StepRecord` (the parsed step, document ids and titles, later the judge's relevance):
 the record is what rewards, logs and evaluation read.
 """
@@ -52,6 +55,9 @@ class EnvConfig:
     # block still open when the budget runs out makes the step a format error
     think_tokens: int = 0
     max_query_chars: int = 1024  # longer queries are cut before retrieval (the service rejects huge ones)
+    # at max_steps, show the documents and write the start of an answer step for the policy instead of
+    # ending unanswered: a policy that searches once too often still answers from what it found
+    answer_at_limit: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "topk", "doc_chars", "max_step_tokens", "max_query_chars"):
@@ -148,6 +154,9 @@ class RetrievalEnv:
         self._seen: set[str] = {p.id for p in self.context}
         self._shown = 0
         self._retries = 0
+        self._limit_prefix = renderer.format.answer_prefix() if config.answer_at_limit else ""
+        # the start of the policy's next step that the environment wrote (answer_at_limit), else ""
+        self.answer_prefix = ""
 
     def reset(self) -> str:
         """The prompt: instructions, question and any context documents through the first generation prompt."""
@@ -181,6 +190,7 @@ class RetrievalEnv:
         """
         if self.done:
             raise RuntimeError("the episode is over; make a new RetrievalEnv")
+        action_text = self.answer_prefix + action_text  # the step as a whole, with what the environment wrote
         try:
             if not closed:
                 raise FormatError(FormatReason.TRUNCATED, "the step hit the token limit before its end")
@@ -188,8 +198,10 @@ class RetrievalEnv:
         except FormatError as error:
             if self._retries < self.config.format_retries and error.reason is not FormatReason.TRUNCATED:
                 self._retries += 1
-                return StepResult(retry=True)
+                return StepResult(retry=True)  # the step is written again after the same prefix
+            self.answer_prefix = ""
             return self._finish(StepRecord(StepKind.FORMAT_ERROR, action_text, format_error=error.reason.value))
+        self.answer_prefix = ""
         if parsed.is_final:
             kind = StepKind.ANSWER if parsed.answer is not None else StepKind.STOP
             return self._finish(StepRecord(kind, action_text, parsed))
@@ -211,12 +223,15 @@ class RetrievalEnv:
         )
         self.steps.append(record)
         self.documents.append(kept)
-        if parsed.stop or self.retrievals >= self.config.max_steps:  # the documents are never shown (nor read)
+        limit = self.config.max_steps + (1 if self._limit_prefix else 0)
+        if parsed.stop or self.retrievals >= limit:  # the documents are never shown (nor read)
             self._shown -= len(kept)
             self.done = True
             return StepResult(done=True, documents=tuple(kept))
         feedback = self.renderer.observation(kept, self.retrievals, action_closed=turn_ended)
-        return StepResult(feedback=feedback, documents=tuple(kept))
+        if self.retrievals == self.config.max_steps:  # answer_at_limit: the policy's next words are its answer
+            self.answer_prefix = self._limit_prefix
+        return StepResult(feedback=feedback + self.answer_prefix, documents=tuple(kept))
 
     def gold_progress(self, gold_ids: Sequence[str]) -> GoldProgress:
         """The gold passages this finished episode found, step by step; sets each query record's ``new_gold``.

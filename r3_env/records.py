@@ -60,7 +60,10 @@ async def play(env: RetrievalEnv, renderer: MessageRenderer, write: StepWriter) 
     usage: Counter = Counter()
     while not env.done:
         turns = env_turns(env)
-        reply = await write(renderer.messages(env.question, turns), turns)
+        messages = renderer.messages(env.question, turns)
+        if env.answer_prefix:  # the searches ran out: the assistant turn is started, the engine continues it
+            messages.append({"role": "assistant", "content": env.answer_prefix})
+        reply = await write(messages, turns)
         usage.update(requests=1, prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens)
         await env.step(reply.text, closed=reply.finished)
     return usage

@@ -28,6 +28,7 @@ from eval.run import EvalRunConfig, run_eval
 from eval.score import ScoreConfig, score_run
 from r3_env.data import iter_jsonl
 from r3_env.env import EnvConfig
+from r3_env.protocol.base import OUT_OF_SEARCHES
 from r3_env.runs import JudgeClientConfig, RetrievalSource
 
 # -- metrics on hand-checked examples -----------------------------------------------------------------
@@ -134,6 +135,27 @@ def test_run_and_score_a_scripted_policy(eval_world, eval_tiny, tmp_path):
     assert rows[endless.question]["num_docs"] == 9
     per_question = {row["id"]: row for _, row in iter_jsonl(out / "question_scores.jsonl")}
     assert per_question[f"world/{right.id}"]["correct"] and not per_question[f"world/{wrong.id}"]["correct"]
+
+
+def test_answer_at_limit_starts_the_final_step_and_the_engine_continues_it(eval_world, eval_tiny, tmp_path):
+    """A policy that would search on past max_steps answers from what it found: the environment writes the
+    answer step's start into the prompt, and the scripted model writes only the answer."""
+    item = eval_world["items"][0]
+    gold = item.golden_answers[0]
+    plans = {item.question: [query_step("first", "q one"), query_step("again", "q two"), f" {gold}"]}
+    out = tmp_path / "run"
+    config = EvalRunConfig(data=str(eval_world["dev"]), out=str(out), max_questions=1)
+    asyncio.run(
+        run_eval(config, EnvConfig(max_steps=2, topk=3, answer_at_limit=True), EngineConfig(model=str(eval_tiny)),
+                 GenerationConfig(), RetrievalSource(config=eval_world["retriever"]),
+                 engine=scripted_engine(eval_tiny, plans))
+    )  # fmt: skip
+    [(_, row)] = list(iter_jsonl(out / "predictions.jsonl"))
+    assert row["answer"] == gold and row["num_retrievals"] == 2 and row["num_docs"] == 6
+    assert (
+        row["steps"][-1]["analysis"] == OUT_OF_SEARCHES
+        and json.loads((out / "run.json").read_text())["env"]["answer_at_limit"]
+    )
 
 
 def test_baselines_share_the_harness(eval_world, eval_tiny, tmp_path):

@@ -147,6 +147,24 @@ def test_env_ends_without_answer_at_max_steps_and_never_shows_the_last_documents
         run(env.step(answer_step("c", "X")))
 
 
+def test_env_answer_at_limit_shows_the_last_documents_and_starts_the_answer_step(tokenizer):
+    config = EnvConfig(max_steps=2, answer_at_limit=True, format_retries=1)
+    renderer = ChatRenderer(tokenizer)
+    env = RetrievalEnv(config, renderer, FixedSearch(), "Q?")
+    prefix = renderer.format.answer_prefix()
+    assert prefix.endswith("The final answer:") and env.answer_prefix == ""
+    assert not run(env.step(query_step("a", "q1"))).feedback.endswith(prefix)
+    last = run(env.step(query_step("b", "q2")))  # the limit: its documents are shown, the answer step begun
+    assert not last.done and last.feedback.endswith(prefix) and "Text 0." in last.feedback
+    assert env.answer_prefix == prefix and env.num_docs == 10
+    assert run(env.step(" X\nThe retrieval query: q3")).retry  # malformed: written again after the same prefix
+    assert env.answer_prefix == prefix
+    assert run(env.step(" X")).done and env.answer == "X" and env.answer_prefix == ""
+    assert env.steps[-1].action == prefix + " X" and env.retrievals == 2
+    with pytest.raises(ValueError, match="multi_query format cannot write an answer step"):
+        RetrievalEnv(config, ChatRenderer(tokenizer, "multi_query"), FixedSearch(), "Q?")
+
+
 def test_env_regenerates_a_malformed_step_up_to_format_retries_then_fails(tokenizer):
     env = RetrievalEnv(EnvConfig(format_retries=2), ChatRenderer(tokenizer), FixedSearch(), "Q?")
     assert run(env.step("garbage")).retry

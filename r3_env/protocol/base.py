@@ -144,6 +144,10 @@ class Turn:
     documents: Sequence[Passage] = field(default_factory=tuple)
 
 
+# The analysis of the final step the environment starts for the policy when its searches run out.
+OUT_OF_SEARCHES = "No searches are left, so I answer from the documents found so far."
+
+
 class StepFormat(ABC):
     """How one step, the question and a block of documents look as text.
 
@@ -186,6 +190,19 @@ class StepFormat(ABC):
     def stop_strings(self) -> tuple[str, ...]:
         """Text that ends a step early when a model writes on past it (given to the engine as stop strings)."""
         return ()
+
+    def answer_prefix(self) -> str:
+        """A final step up to where its answer goes, with :data:`OUT_OF_SEARCHES` as its analysis.
+
+        The environment writes it for the policy once its searches run out (``EnvConfig.answer_at_limit``),
+        so the next tokens can only be the answer. ValueError for a format whose steps cannot answer.
+        """
+        marker = "\x00"
+        try:
+            text = self.render_step(Step(OUT_OF_SEARCHES, answer=marker))
+        except ValueError as error:
+            raise ValueError(f"the {self.name} format cannot write an answer step ({error})") from None
+        return text[: text.index(marker)].rstrip(" ")  # the answer's first token carries its own space
 
     @abstractmethod
     def answer_only_prompt(self, with_documents: bool) -> str:
