@@ -257,11 +257,11 @@ def read_other_arm(
         try:
             result = json.loads(path.read_text())
             results.append((path, result["scores"], {**result["settings"], "seed": None}))
-            run = demo_out / "eval" / Path(result["eval_run"]).name / "run.json"
+            run = demo_out / "eval" / Path(result.get("eval_run", "")).name / "run.json"
         except (ValueError, KeyError, TypeError) as error:
             raise ValueError(f"--against {folder}: {path} is not a bench result (no scores or settings: "
                              f"{error}); {fix}") from None  # fmt: skip
-        if env and run.is_file():
+        if env and result.get("eval_run") and run.is_file():
             from r3_env.env import EnvConfig
 
             # a rule newer than that run is at its default there

@@ -160,6 +160,18 @@ def test_another_benchs_arm_is_read_with_its_seeds_and_refused_off_this_demo_or_
         read_other_arm(first / "broken", questions, demo)
     with pytest.raises(ValueError, match="no result.json there or in its seed folders"):
         read_other_arm(first / "rft", questions, demo)
+    # an arm evaluated under other episode rules (--set env.*) is refused; a rule its run predates is at its default
+    run = demo / "eval" / "rl_gain_1234_sft_more_s0_q200"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"env": {"max_steps": 5, "topk": 5}}))
+    save(first / "sft_more" / "seed0", 0.0, {"start": "p", "seed": 0})
+    result = json.loads((first / "sft_more" / "seed0" / "result.json").read_text())
+    result["eval_run"] = f"elsewhere/eval/{run.name}"
+    (first / "sft_more" / "seed0" / "result.json").write_text(json.dumps(result))
+    assert read_other_arm(first / "sft_more", questions, demo, {"max_steps": 5, "answer_at_limit": False})[0]
+    with pytest.raises(ValueError, match=r"evaluated with env \{'answer_at_limit': False\}, this bench with "
+                       r"\{'answer_at_limit': True\}"):  # fmt: skip
+        read_other_arm(first / "sft_more", questions, demo, {"max_steps": 5, "answer_at_limit": True})
 
 
 def test_sft_more_spends_the_fraction_of_an_epoch_too_not_a_rounded_epoch_count():
