@@ -115,9 +115,13 @@ def matched_k(documents: float) -> int:
 
 def step_limit(manifest: dict[str, Any]) -> int:
     """The most steps a row of a run may take (its last step cutoff): the tree's iterations for rrt, else
-    ``env.max_steps``."""
+    ``env.max_steps``, plus the answer step the environment starts after the last retrieval with
+    ``env.answer_at_limit``."""
     tree = manifest.get("tree")
-    return int(tree["max_iterations"]) if tree else int(manifest["env"]["max_steps"])
+    if tree:
+        return int(tree["max_iterations"])
+    env = manifest["env"]
+    return int(env["max_steps"]) + (1 if env.get("answer_at_limit") else 0)
 
 
 def _mean(values: list[float]) -> float | None:

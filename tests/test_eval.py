@@ -152,6 +152,9 @@ def test_answer_at_limit_starts_the_final_step_and_the_engine_continues_it(eval_
     )  # fmt: skip
     [(_, row)] = list(iter_jsonl(out / "predictions.jsonl"))
     assert row["answer"] == gold and row["num_retrievals"] == 2 and row["num_docs"] == 6
+    scores = asyncio.run(score_run(ScoreConfig(run=str(out)), JudgeClientConfig()))  # the answer step counts
+    assert scores["cutoffs"] == [1, 2, 3] and scores["datasets"]["world"]["final"]["em"] == 1.0
+    assert scores["datasets"]["world"]["final"]["avg_docs"] == 6
     assert (
         row["steps"][-1]["analysis"] == OUT_OF_SEARCHES
         and json.loads((out / "run.json").read_text())["env"]["answer_at_limit"]
