@@ -73,6 +73,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -230,16 +231,38 @@ def comparison_rows(
     return [row for row in build_table(arms, questions, resamples, base=base, splits=("form",)) if row["arm"] != base]
 
 
+@dataclass
+class OtherArm:
+    """``--against``'s arm: its label (OUT's name/arm), and per seed its scores, its policy and the episode
+    rules its evaluation ran under where they differ from this bench's (empty: the same)."""
+
+    label: str
+    scores: list[dict[str, dict[str, Any]]]
+    policies: list[str]
+    rules_differ: list[dict[str, Any]]
+
+
+def evaluation_rules_differ(result: dict[str, Any], demo_out: Path, env: dict[str, Any]) -> dict[str, Any]:
+    """The episode rules under which ``result`` was evaluated that differ from ``env``: {key: its value}."""
+    from r3_env.env import EnvConfig
+
+    run = demo_out / "eval" / Path(result.get("eval_run", "")).name / "run.json"
+    if not env or not result.get("eval_run") or not run.is_file():
+        return {}
+    # a rule newer than that run is at its default there
+    ran = {field.name: field.default for field in dataclasses.fields(EnvConfig)} | json.loads(run.read_text())["env"]
+    return {key: ran.get(key) for key, value in env.items() if ran.get(key) != value}
+
+
 def read_other_arm(
     folder: Path, questions: dict[str, dict[str, str]], demo_out: Path, env: dict[str, Any] | None = None
-) -> tuple[str, list[dict[str, dict[str, Any]]]]:
-    """``--against``'s arm of another bench OUT: its label (OUT's name/arm) and its seeds' per-question scores,
-    from FOLDER/result.json or FOLDER/seedN/result.json.
+) -> OtherArm:
+    """``--against``'s arm of another bench OUT, from FOLDER/result.json or FOLDER/seedN/result.json.
 
     Refused unless that bench ran on this demo (its OUT/rl_gain.json names the demo: world question ids
-    repeat across worlds), its seeds share their settings, every seed scored every question compared
-    here, since a difference is only paired on the same questions, and (``env``: this bench's episode
-    rules) its evaluation ran under the same rules."""
+    repeat across worlds), its seeds share their settings, and every seed scored every question compared
+    here, since a difference is only paired on the same questions. ``env``: this bench's episode rules; a
+    seed evaluated under others is marked (``rules_differ``) for evaluating again under these."""
     folder = folder.resolve()
     fix = "give an arm folder of another bench on the same --demo, e.g. OUT/sft"
     summary = folder.parent / "rl_gain.json"
@@ -256,31 +279,29 @@ def read_other_arm(
     for path in paths:
         try:
             result = json.loads(path.read_text())
-            results.append((path, result["scores"], {**result["settings"], "seed": None}))
-            run = demo_out / "eval" / Path(result.get("eval_run", "")).name / "run.json"
+            results.append((path, result, {**result["settings"], "seed": None}))
+            result["scores"]
         except (ValueError, KeyError, TypeError) as error:
             raise ValueError(f"--against {folder}: {path} is not a bench result (no scores or settings: "
                              f"{error}); {fix}") from None  # fmt: skip
-        if env and result.get("eval_run") and run.is_file():
-            from r3_env.env import EnvConfig
-
-            # a rule newer than that run is at its default there
-            ran = {field.name: field.default for field in dataclasses.fields(EnvConfig)} | json.loads(run.read_text())[
-                "env"
-            ]
-            if differ := {key: ran.get(key) for key, value in env.items() if ran.get(key) != value}:
-                raise ValueError(f"--against {folder}: {path} was evaluated with env {differ}, this bench with "
-                                 f"{ {key: env[key] for key in differ} }; compare arms evaluated under the same "
-                                 "episode rules (the same --set env.*)")  # fmt: skip
-    for path, scores, settings in results:
+    for path, result, settings in results:
         if settings != results[0][2]:
             raise ValueError(f"--against {folder}: {path} was trained with {settings}, {results[0][0]} with "
                              f"{results[0][2]}; give a folder whose seeds share their settings")  # fmt: skip
-        if missing := [key for key in questions if key not in scores]:
+        if missing := [key for key in questions if key not in result["scores"]]:
             raise ValueError(f"--against {folder}: {path} has no score for {len(missing)} of the {len(questions)} "
                              f"questions compared here (e.g. {missing[0]}); {fix}, evaluated with the same "
                              f"--dev_questions")  # fmt: skip
-    return f"{folder.parent.name}/{folder.name}", [scores for _, scores, _ in results]
+    differ = [evaluation_rules_differ(result, demo_out, env or {}) for _, result, _ in results]
+    policies = [result.get("policy", "") for _, result, _ in results]
+    for (path, _, _), rules, policy in zip(results, differ, policies, strict=True):
+        if rules and not (Path(policy) / "config.json").is_file():
+            raise ValueError(f"--against {folder}: {path} was evaluated with env {rules}, other rules than "
+                             f"this bench's, and its policy {policy or '(none recorded)'} is gone, so it cannot "
+                             "be evaluated again; give an arm whose policy is saved")  # fmt: skip
+    return OtherArm(
+        f"{folder.parent.name}/{folder.name}", [result["scores"] for _, result, _ in results], policies, differ
+    )
 
 
 # -- per-question scores ------------------------------------------------------------------------
@@ -558,6 +579,17 @@ class RLGain:
                            env=self.env, **extra)  # fmt: skip
         return self.demo.paths[f"eval_rl_gain_{self.tag}_{name}"]
 
+    def evaluate_again(self, other: OtherArm) -> None:
+        """``--against`` seeds evaluated under other episode rules, evaluated again under this bench's (from their
+        saved policies, into this bench's evaluation runs): a difference is only paired under the same rules."""
+        for number, differ in enumerate(other.rules_differ):
+            if differ:
+                logger.info("--against %s: its run %d was evaluated with env %s; evaluating its policy again under "
+                            "this bench's rules", other.label, number, differ)  # fmt: skip
+                name = f"against_{other.label.replace('/', '_')}_{number}_q{self.dev_questions}"
+                run = self.evaluate(name, Path(other.policies[number]), self.data.eval)
+                other.scores[number] = question_scores(run, self.questions)
+
     def run_arm(self, arm: str, seed: int | None) -> dict[str, Any]:
         result = self.read_result(arm, seed)
         if result is not None:
@@ -683,17 +715,18 @@ def main() -> None:
         bench = RLGain(demo, record, args, settings)
     except ValueError as error:  # --set settings PPO refuses: the message names them
         sys.exit(str(error))
-    others: dict[str, list[dict[str, dict[str, Any]]]] = {}  # label -> its seeds' scores
+    others: dict[str, OtherArm] = {}
     against_folders: dict[str, str] = {}
     for folder in args.against:  # read before anything trains: a wrong folder is refused up front
         try:
-            label, scores = read_other_arm(Path(folder), bench.questions, Path(args.demo), bench.env)
+            other = read_other_arm(Path(folder), bench.questions, Path(args.demo), bench.env)
         except ValueError as error:
             sys.exit(str(error))
+        label = other.label
         if label in others:
             sys.exit(f"--against {against_folders[label]}, {folder}: each is labelled {label} (OUT's name/arm); give "
                      "each folder once, and give benches of the same arm different --out names")  # fmt: skip
-        others[label], against_folders[label] = scores, str(Path(folder).resolve())
+        others[label], against_folders[label] = other, str(Path(folder).resolve())
     # sft first (every difference is to it), the RL arms before sft_more (it matches their wall time)
     ordered = sorted(set(arms) | {"sft"}, key=["sft", *RL_SCHEMES, "rft", "sft_more"].index)
     jobs = [("sft", None)] + [(arm, seed) for arm in ordered if arm != "sft" for seed in args.seed_list]
@@ -702,6 +735,8 @@ def main() -> None:
     started = time.perf_counter()
     with demo.serving() as urls:
         bench.urls = urls
+        for other in others.values():
+            bench.evaluate_again(other)
         for number, (arm, seed) in enumerate(jobs, start=1):
             done = time.perf_counter() - started
             eta = f", about {done / (number - 1) * (len(jobs) - number + 1) / 60:.0f} min to go" if number > 1 else ""
@@ -727,7 +762,7 @@ def main() -> None:
     label = f"single-shot BM25 @K ({', '.join(f'{name} K={k}' for name, k in ks.items())})"
     listed = [arm for arm in ARMS if arm in results]  # this invocation's arms and every other arm saved in OUT
     arms_here = {arm: results[arm] for arm in listed}
-    table_arms = arms_here | others | {label: bm25}
+    table_arms = arms_here | {name: other.scores for name, other in others.items()} | {label: bm25}
     rows = build_table(table_arms, bench.questions, args.resamples)
     world = "real-data eval split" if demo.config.data else "world dev"
     note = (f"{len(bench.questions)} {world} questions, greedy ({args.eval_engine}); RL arms: {bench.iterations} "
@@ -743,8 +778,8 @@ def main() -> None:
         control = comparison_rows(trained, bench.questions, args.resamples, "sft_more")
         table += "\n" + format_table(control, "Δ: arm minus sft_more, the same paired bootstrap", base="sft_more")
     against: dict[str, list[dict[str, Any]]] = {}
-    for name, scores in others.items():  # each arm here against another bench's arm, on the same questions
-        against[name] = comparison_rows(arms_here | {name: scores}, bench.questions, args.resamples, name)
+    for name, other in others.items():  # each arm here against another bench's arm, on the same questions
+        against[name] = comparison_rows(arms_here | {name: other.scores}, bench.questions, args.resamples, name)
         caption = f"{name}: {against_folders[name]}; Δ: arm minus it, the same paired bootstrap"
         table += "\n" + format_table(against[name], caption, base=name)
     table += "\nEach seed's means over every question (EM %, F1 %, training wall time):\n\n"

@@ -141,10 +141,10 @@ def test_another_benchs_arm_is_read_with_its_seeds_and_refused_off_this_demo_or_
     with pytest.raises(ValueError, match="that bench ran on the demo .*another_demo, not"):
         read_other_arm(first / "sft", questions, demo)
     (first / "rl_gain.json").write_text(json.dumps({"demo": str(demo)}))
-    label, scores = read_other_arm(first / "sft", questions, demo)
-    assert label == "rl_gain_first/sft" and len(scores) == 1
-    label, scores = read_other_arm(first / "rl_gold", questions, demo)
-    assert label == "rl_gain_first/rl_gold" and [seed["a/1"]["em"] for seed in scores] == [0.0, 1.0]
+    other = read_other_arm(first / "sft", questions, demo)
+    assert other.label == "rl_gain_first/sft" and len(other.scores) == 1 and other.rules_differ == [{}]
+    other = read_other_arm(first / "rl_gold", questions, demo)
+    assert other.label == "rl_gain_first/rl_gold" and [seed["a/1"]["em"] for seed in other.scores] == [0.0, 1.0]
     with pytest.raises(ValueError, match="has no score for 1 of the 3 questions compared here"):
         read_other_arm(first / "sft", questions | {"a/4": {"dataset": "a", "type": "x"}}, demo)
     save(first / "rl_gold" / "seed2", 1.0, {"start": "p", "seed": 2}, keys=["a/1"])  # one seed misses a/2
@@ -160,18 +160,24 @@ def test_another_benchs_arm_is_read_with_its_seeds_and_refused_off_this_demo_or_
         read_other_arm(first / "broken", questions, demo)
     with pytest.raises(ValueError, match="no result.json there or in its seed folders"):
         read_other_arm(first / "rft", questions, demo)
-    # an arm evaluated under other episode rules (--set env.*) is refused; a rule its run predates is at its default
+    # a seed evaluated under other episode rules (--set env.*) is marked for evaluating its policy again; a rule
+    # its run predates is at its default there; without its policy it is refused
     run = demo / "eval" / "rl_gain_1234_sft_more_s0_q200"
     run.mkdir(parents=True)
     (run / "run.json").write_text(json.dumps({"env": {"max_steps": 5, "topk": 5}}))
     save(first / "sft_more" / "seed0", 0.0, {"start": "p", "seed": 0})
     result = json.loads((first / "sft_more" / "seed0" / "result.json").read_text())
-    result["eval_run"] = f"elsewhere/eval/{run.name}"
+    result |= {"eval_run": f"elsewhere/eval/{run.name}", "policy": str(tmp_path / "policy")}
     (first / "sft_more" / "seed0" / "result.json").write_text(json.dumps(result))
-    assert read_other_arm(first / "sft_more", questions, demo, {"max_steps": 5, "answer_at_limit": False})[0]
-    with pytest.raises(ValueError, match=r"evaluated with env \{'answer_at_limit': False\}, this bench with "
-                       r"\{'answer_at_limit': True\}"):  # fmt: skip
+    assert read_other_arm(
+        first / "sft_more", questions, demo, {"max_steps": 5, "answer_at_limit": False}
+    ).rules_differ == [{}]
+    with pytest.raises(ValueError, match=r"evaluated with env \{'answer_at_limit': False\}.*policy .*policy is gone"):
         read_other_arm(first / "sft_more", questions, demo, {"max_steps": 5, "answer_at_limit": True})
+    (tmp_path / "policy").mkdir()
+    (tmp_path / "policy" / "config.json").write_text("{}")
+    other = read_other_arm(first / "sft_more", questions, demo, {"max_steps": 5, "answer_at_limit": True})
+    assert other.rules_differ == [{"answer_at_limit": False}] and other.policies == [str(tmp_path / "policy")]
 
 
 def test_sft_more_spends_the_fraction_of_an_epoch_too_not_a_rounded_epoch_count():
@@ -418,3 +424,16 @@ def test_another_start_and_a_group_batch_set_the_arms_start_and_their_iterations
     twice = subprocess.run([*command, "--against", str(out / "sft"), "--against", str(out / "sft")],
                            capture_output=True, text=True, timeout=900, cwd=ROOT)  # fmt: skip
     assert twice.returncode != 0 and f"each is labelled {label}" in twice.stderr
+
+    # --set env.*: every arm is evaluated under those rules, the start and an --against arm (its saved policy) too
+    limit = tmp_path / "at_limit"
+    rules = [sys.executable, str(ROOT / "bench" / "rl_gain.py"), "--demo", str(demo), "--arms", "sft",
+             "--dev_questions", "4", "--eval_engine", "hf", "--start", str(start), "--out", str(limit),
+             "--resamples", "200", "--set", "env.answer_at_limit=true", "--against", str(out / "sft_more")]  # fmt: skip
+    again = subprocess.run(rules, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "evaluated with env {'answer_at_limit': False}; evaluating its policy again" in again.stderr
+    assert json.loads((limit / "sft" / "result.json").read_text())["settings"]["env"] == {"answer_at_limit": True}
+    runs = [json.loads(path.read_text()) for path in (demo / "eval").glob("rl_gain_*/run.json")]
+    evaluated = {run["name"].split("_", 3)[3] for run in runs if run["env"].get("answer_at_limit")}
+    assert evaluated == {"sft_q4", "against_from_ppo_sft_more_0_q4"}
