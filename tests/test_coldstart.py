@@ -244,6 +244,8 @@ def test_resuming_with_other_settings_is_refused(world, tmp_path):
     asyncio.run(synthesize(config, EnvConfig(), TeacherConfig(), retrieval))
     with pytest.raises(ValueError, match=r"other settings \(env.topk: 5 -> 3\); choose another --out"):
         asyncio.run(synthesize(config, EnvConfig(topk=3), TeacherConfig(), retrieval))
+    with pytest.raises(ValueError, match="leave env.answer_at_limit off for cold-start synthesis"):
+        asyncio.run(synthesize(config, EnvConfig(answer_at_limit=True), TeacherConfig(), retrieval))
 
 
 def test_settings_are_only_binding_once_a_sample_is_written(tmp_path):

@@ -313,6 +313,9 @@ async def synthesize(
     ``retriever``/``teacher`` may be given directly (an in-process retriever, a custom teacher);
     by default they come from ``retrieval`` and ``teacher_config``.
     """
+    if env.answer_at_limit:  # the environment would write part of the teacher's last step
+        raise ValueError("env.answer_at_limit starts the policy's answer step for it; a teacher's transcripts "
+                         "are its own steps: leave env.answer_at_limit off for cold-start synthesis")  # fmt: skip
     out = Path(config.out)
     samples_path = out / "samples.jsonl"
     check_manifest(out / MANIFEST, samples_path, fingerprint(config, env, teacher_config))
