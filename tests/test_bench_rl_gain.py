@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import subprocess
@@ -434,6 +435,8 @@ def test_another_start_and_a_group_batch_set_the_arms_start_and_their_iterations
     assert again.returncode == 0, again.stderr[-3000:]
     assert "evaluated with env {'answer_at_limit': False}; evaluating its policy again" in again.stderr
     assert json.loads((limit / "sft" / "result.json").read_text())["settings"]["env"] == {"answer_at_limit": True}
-    runs = [json.loads(path.read_text()) for path in (demo / "eval").glob("rl_gain_*/run.json")]
-    evaluated = {run["name"].split("_", 3)[3] for run in runs if run["env"].get("answer_at_limit")}
-    assert evaluated == {"sft_q4", "against_from_ppo_sft_more_0_q4"}
+    tag = hashlib.sha1(str(limit.resolve()).encode()).hexdigest()[:8]  # this bench's runs: every one under the rules
+    runs = [json.loads(path.read_text()) for path in (demo / "eval").glob(f"rl_gain_{tag}_*/run.json")]
+    assert {run["name"].removeprefix(f"rl_gain_{tag}_") for run in runs} == {
+        "sft_q4", "against_from_ppo_sft_more_0_q4", "bm25_world_k1_q4"}  # fmt: skip
+    assert all(run["env"]["answer_at_limit"] for run in runs)
