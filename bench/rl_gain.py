@@ -280,7 +280,8 @@ def read_other_arm(
         try:
             result = json.loads(path.read_text())
             results.append((path, result, {**result["settings"], "seed": None}))
-            result["scores"]
+            if not isinstance(result["scores"], dict):
+                raise TypeError("scores is not a mapping of question ids")
         except (ValueError, KeyError, TypeError) as error:
             raise ValueError(f"--against {folder}: {path} is not a bench result (no scores or settings: "
                              f"{error}); {fix}") from None  # fmt: skip
