@@ -753,16 +753,15 @@ class Demo:
         return scores
 
     def _evaluate_in_vllm_env(
-        self, settings: dict[str, Any], policy: Path, retriever: str, env: dict[str, Any] | None = None
+        self, settings: dict[str, Any], policy: Path, retriever: str, env: dict[str, Any]
     ) -> None:
         """``r3rag eval run --engine.kind vllm`` in the vLLM env, with vLLM's CPU settings (:func:`vllm_cpu_env`);
-        ``env``: the episode's rules (default: the demo's)."""
+        ``env``: the episode's rules."""
         import os
         import subprocess
 
         from eval.run import PREDICTIONS
 
-        env = env or self.env
         flags = [f"--{key}={value}" for key, value in settings.items()]
         flags += [f"--env.{key}={value}" for key, value in env.items() if not isinstance(value, bool)]
         flags += [f"--{'' if value else 'no-'}env.{key}" for key, value in env.items() if isinstance(value, bool)]
