@@ -350,8 +350,8 @@ def sft_seconds_per_epoch(run: Path) -> float:
 class RLGain:
     """The arms of one invocation: trained (resumed) and evaluated into OUT, with the services started once."""
 
-    def __init__(self, demo: Demo, record: dict[str, Any], args: argparse.Namespace, settings: dict[str, str]) -> None:
-        self.demo, self.record, self.args, self.settings = demo, record, args, settings
+    def __init__(self, demo: Demo, args: argparse.Namespace, settings: dict[str, str]) -> None:
+        self.demo, self.args, self.settings = demo, args, settings
         self.out = Path(args.out)
         self.start = Path(args.start).resolve() if args.start else demo.finished_sft_policy()
         self.data = demo.sources()
@@ -627,7 +627,7 @@ class RLGain:
             docs = [d for key in keys if (d := seed_mean(reference, key, "docs")) is not None]
             k = ks[name] = matched_k(statistics.fmean(docs) if docs else 1.0)
             if self.demo.config.data:  # real questions: the demo's untrained model reads the K documents
-                run = self.evaluate(f"{BM25}_{name}_k{k}_q{self.dev_questions}", Path(self.record["paths"]["policy0"]),
+                run = self.evaluate(f"{BM25}_{name}_k{k}_q{self.dev_questions}", self.demo.untrained_policy,
                                     str(path), eval_method="naive_rag", naive_topk=k)  # fmt: skip
             else:  # the world's untrained policy is random: retrieval only
                 run = self.evaluate(f"{BM25}_{name}_k{k}_q{self.dev_questions}", self.start, str(path),
@@ -704,7 +704,7 @@ def main() -> None:
                  "earlier bench's OUT/sft_more/seed0/train/sft/policy")  # fmt: skip
     args.out = args.out or str(Path(args.demo) / "rl_gain")
     try:
-        demo, record = Demo.from_folder(args.demo, eval_engine=args.eval_engine, rollout_engine=args.rollout_engine,
+        demo, _ = Demo.from_folder(args.demo, eval_engine=args.eval_engine, rollout_engine=args.rollout_engine,
                                         vllm_python=args.vllm_python)  # fmt: skip
     except ValueError as error:
         sys.exit(f"--demo: {error}")
@@ -713,7 +713,7 @@ def main() -> None:
     except ValueError as error:
         sys.exit(f"--demo: {error}, or give --start POLICY")
     try:
-        bench = RLGain(demo, record, args, settings)
+        bench = RLGain(demo, args, settings)
     except ValueError as error:  # --set settings PPO refuses: the message names them
         sys.exit(str(error))
     others: dict[str, OtherArm] = {}

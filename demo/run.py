@@ -622,22 +622,27 @@ class Demo:
         from r3_env.model_registry import MODELS, get_model
         from r3_env.train.model_factory import TinyModelConfig, build_tiny_policy
 
-        model = self.config.model
+        model, folder = self.config.model, self.untrained_policy
         if model == "tiny-random":
-            folder = self.out / "policy0"
             with self.stage("model", "5a. tiny policy (BPE tokenizer on the world, random Qwen2)"):
                 sizes = TinyModelConfig(**MODEL, seed=self.config.seed, step_format=self.config.method.step_format)
                 build_tiny_policy(self.paths["world"], folder, sizes)
         elif model in MODELS:
-            folder = self.out / "policy0"
             with self.stage("model", f"5a. {model} (r3rag model get)"):
                 get_model(model, folder)
         else:
-            folder = Path(model)
             with self.stage("model", f"5a. the policy in {folder}"):
                 pass
         self.paths["policy0"] = folder
         return folder
+
+    @property
+    def untrained_policy(self) -> Path:
+        """Where the untrained policy is (or will be): OUT/policy0 for a built or registry model, else its folder."""
+        from r3_env.model_registry import MODELS
+
+        built = self.config.model == "tiny-random" or self.config.model in MODELS
+        return self.out / "policy0" if built else Path(self.config.model)
 
     def sft_data(self, trajectories: Path, policy: Path) -> Path:
         from r3_env.coldstart.sft_data import SFTDataConfig, build_sft_data

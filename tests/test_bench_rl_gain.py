@@ -350,8 +350,8 @@ def test_rft_fine_tunes_the_start_on_the_correct_episodes_it_sampled(demo, tmp_p
     monkeypatch.setattr(RLGain, "sample", sample)
     args = argparse.Namespace(episodes=32, dev_questions=4, rft_temperature=1.0, seed_list=[0],
                               sft_more_seconds=0.0, start="", out=str(tmp_path))  # fmt: skip
-    demo_run, record = Demo.from_folder(demo)
-    bench = RLGain(demo_run, record, args, {})
+    demo_run, _ = Demo.from_folder(demo)
+    bench = RLGain(demo_run, args, {})
     bench.urls = ("http://127.0.0.1:9", "http://127.0.0.1:9")  # SFT alone asks no service
     policy, seconds, stats = bench.train_rft(0)
     assert stats["episodes"] == 32 and 0 < stats["correct"] <= 32 and stats["examples"] == stats["correct"]

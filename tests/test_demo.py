@@ -291,6 +291,19 @@ def test_lora_rank_reaches_the_trainer(tmp_path):
         DemoConfig(lora_rank=-1)
 
 
+def test_the_untrained_policy_is_known_before_the_demo_ends(tmp_path):
+    """A bench may build on a demo stopped after SFT, whose demo.json records no paths yet (bench/rl_gain.py)."""
+    from demo.run import Demo, DemoConfig
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    built = tmp_path / "d" / "policy0"
+    for name, expected in (("tiny-random", built), ("smollm2-135m-instruct", built), (str(model), model)):
+        demo = Demo(DemoConfig(out=str(tmp_path / "d"), model=name, eval_engine="hf", rollout_engine="hf"))
+        assert demo.untrained_policy == expected and not expected.parent.joinpath("policy0").exists()
+
+
 def test_lora_scales_a_pretrained_recipes_learning_rates_and_flags_override_them(tmp_path):
     from demo.run import PRETRAINED, REAL, Demo, DemoConfig
 
