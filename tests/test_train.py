@@ -29,6 +29,7 @@ from r3_env.rollout_config import RolloutConfig
 from r3_env.train.config import HealthConfig, ModelConfig, PPOConfig, RunConfig, SFTConfig
 from r3_env.train.model_factory import TinyModelConfig, build_tiny_policy
 from r3_env.train.models import load_tokenizer, save_policy
+from r3_env.train.ppo import _measured
 from r3_env.world.build import WorldConfig, generate_world
 
 TINY = TinyModelConfig(vocab_size=600, hidden_size=32, layers=1, heads=2, kv_heads=1, intermediate_size=64)
@@ -233,7 +234,8 @@ def test_one_ppo_iteration_on_scripted_episodes_updates_both_models_with_finite_
 
 def test_a_ppo_iteration_without_a_reference_logs_no_kl_and_trains_only_the_last_layers(world, tmp_path):
     """The CPU settings that buy more episodes per second: ``init_kl_coef`` 0 loads no reference model (no made-up
-    KL of 0 is logged or watched), and ``trainable_layers`` 1 leaves the layer below and the embeddings as they were."""
+    KL of 0 is logged or watched, and the log line says n/a, not nan), and ``trainable_layers`` 1 leaves the layer
+    below and the embeddings as they were."""
     # the world's policy has one layer
     policy = save_tiny_causal_lm(tmp_path / "two_layers", load_tokenizer(str(world["policy"])))
     model = ModelConfig(policy=str(policy), trainable_layers=1)
@@ -246,6 +248,7 @@ def test_a_ppo_iteration_without_a_reference_logs_no_kl_and_trains_only_the_last
         before = {name: p.detach().clone() for name, p in trainer.actor.named_parameters()}
         values = trainer.step()
         assert values["actor_trained"] == 1.0 and "kl" not in values and math.isfinite(values["returns"])
+        assert _measured(values, "kl") == "n/a" and _measured(values, "entropy") == f"{values['entropy']:.4f}"
         changed = {name for name, p in trainer.actor.named_parameters() if not torch.equal(before[name], p)}
         assert changed and all(".layers.1." in name or name.endswith("norm.weight") for name in changed), changed
     finally:

@@ -520,14 +520,14 @@ class PPOTrainer:
             if self.metrics is not None:
                 self.metrics.log("ppo", self.iteration, values)
             logger.info(
-                "PPO %d/%d: reward %.3f, correct %.0f%%, KL %.4f, entropy %.3f%s%s (%.1f s: "
+                "PPO %d/%d: reward %.3f, correct %.0f%%, KL %s, entropy %s%s%s (%.1f s: "
                 "%sgeneration %.1f, retrieval %.2f, judging %.2f, training %.1f)",
                 self.iteration,
                 self.ppo.iterations,
                 values["reward"],
                 100 * values["correct"],
-                values.get("kl", math.nan),
-                values.get("entropy", float("nan")),
+                _measured(values, "kl"),  # none without a reference model or an update
+                _measured(values, "entropy"),
                 f", value loss {values['value_loss']:.4f}" if "value_loss" in values else "",
                 f", dev reward {values['dev_reward']:.3f}" if "dev_reward" in values else "",
                 values["iteration_s"],
@@ -620,6 +620,11 @@ def differing_groups(responses: Sequence[dict[str, Any]], samples: int) -> list[
         if max(rewards) - min(rewards) > 1e-6:
             kept.extend(group)
     return kept
+
+
+def _measured(values: dict[str, float], key: str) -> str:
+    """A logged figure, or "n/a" where this iteration measured none (no reference model, no update)."""
+    return f"{values[key]:.4f}" if key in values else "n/a"
 
 
 def _episode_stats(responses: Sequence[dict[str, Any]]) -> dict[str, float]:
