@@ -317,6 +317,10 @@ def seed_summary(result: dict[str, Any]) -> dict[str, Any]:
     return {"seed": result["seed"], "train_s": result["train_s"], **means}
 
 
+# --set keys that change how fast SFT runs (bench/sft_speed.py), so sft_more's plan at the demo's speed is off
+SFT_SPEED_KEYS = ("model.trainable_layers", "model.mixed_precision", "model.lora_rank", "sft.micro_batch_size")
+
+
 def sft_passes(rows: list[dict[str, Any]], passes: float, seed: int) -> list[dict[str, Any]]:
     """``passes`` passes over ``rows`` as one list: whole copies, then a seeded share for the fraction left
     (at least one row). Rounding to whole epochs would under- or over-spend the compute control by up to
@@ -486,6 +490,10 @@ class RLGain:
 
             rows = [row for _, row in iter_jsonl(data)]
             passes = target / per_epoch
+            if not self.args.sft_more_seconds and (faster := [key for key in self.settings if key in SFT_SPEED_KEYS]):
+                logger.warning("sft_more plans its passes at the demo's SFT speed, but --set %s changes how fast SFT "
+                               "runs: its wall time will differ from the RL arms' (the table gives both), unless "
+                               "--sft_more_seconds is scaled by the speed ratio", ", ".join(faster))  # fmt: skip
             chosen = sft_passes(rows, passes, seed)
             write_jsonl(examples, chosen)
             plan = {"target_s": round(target, 1), "demo_sft_s_per_epoch": round(per_epoch, 1),
