@@ -713,7 +713,7 @@ def main() -> None:
     args.out = args.out or str(Path(args.demo) / "rl_gain")
     try:
         demo, _ = Demo.from_folder(args.demo, eval_engine=args.eval_engine, rollout_engine=args.rollout_engine,
-                                        vllm_python=args.vllm_python)  # fmt: skip
+                                   vllm_python=args.vllm_python)  # fmt: skip
     except ValueError as error:
         sys.exit(f"--demo: {error}")
     try:  # the start, found once: RLGain reads it from args
