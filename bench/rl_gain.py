@@ -317,6 +317,12 @@ def seed_summary(result: dict[str, Any]) -> dict[str, Any]:
     return {"seed": result["seed"], "train_s": result["train_s"], **means}
 
 
+def evaluation_run_prefix(out: Path) -> str:
+    """The prefix of a bench's evaluation runs. They live in the demo's eval folder, named by the bench's OUT, so
+    two benches never share one."""
+    return f"rl_gain_{hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:8]}_"
+
+
 # --set keys that change how fast SFT runs (bench/sft_speed.py), so sft_more's plan at the demo's speed is off
 SFT_SPEED_KEYS = ("model.trainable_layers", "model.mixed_precision", "model.lora_rank", "sft.micro_batch_size")
 
@@ -372,8 +378,7 @@ class RLGain:
         self.rft_questions = math.ceil(args.episodes / self.samples)
         self.dev_questions = args.dev_questions if args.dev_questions is not None else (0 if demo.config.data else 200)
         self.questions = question_set(self.data.eval, self.dev_questions)
-        # evaluation runs live in the demo's eval folder: named by this OUT, so two benches never share one
-        self.tag = hashlib.sha1(str(self.out.resolve()).encode()).hexdigest()[:8]
+        self.run_prefix = evaluation_run_prefix(self.out)
         self.urls: tuple[str, str] = ("", "")
 
     def folder(self, arm: str, seed: int | None) -> Path:
@@ -579,14 +584,14 @@ class RLGain:
     def evaluate(self, name: str, policy: Path, data: str, **extra: Any) -> Path:
         """Greedy evaluation through the demo's (resumes); the run's folder. A run older than its policy (the arm
         was trained again) is evaluated afresh, not resumed."""
-        run = self.demo.out / "eval" / f"rl_gain_{self.tag}_{name}"
+        name = self.run_prefix + name
+        run = self.demo.out / "eval" / name
         predictions, weights = run / "predictions.jsonl", policy / "config.json"
         if predictions.is_file() and weights.is_file() and predictions.stat().st_mtime < weights.stat().st_mtime:
             logger.warning("%s is older than its policy %s: evaluating it afresh", run, policy)
             shutil.rmtree(run)
-        self.demo.evaluate(f"rl_gain_{self.tag}_{name}", policy, data, *self.urls, max_questions=self.dev_questions,
-                           env=self.env, **extra)  # fmt: skip
-        return self.demo.paths[f"eval_rl_gain_{self.tag}_{name}"]
+        self.demo.evaluate(name, policy, data, *self.urls, max_questions=self.dev_questions, env=self.env, **extra)
+        return self.demo.paths[f"eval_{name}"]
 
     def evaluate_again(self, other: OtherArm) -> None:
         """``--against`` seeds evaluated under other episode rules, evaluated again under this bench's (from their

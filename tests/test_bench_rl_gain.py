@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import subprocess
@@ -15,7 +14,15 @@ from conftest import ROOT, run_r3rag
 
 sys.path.insert(0, str(ROOT / "bench"))
 
-from rl_gain import RLGain, build_table, comparison_rows, format_table, read_other_arm, sft_passes
+from rl_gain import (
+    RLGain,
+    build_table,
+    comparison_rows,
+    evaluation_run_prefix,
+    format_table,
+    read_other_arm,
+    sft_passes,
+)
 
 from eval.compare import paired_bootstrap, seeded_paired_bootstrap
 from r3_env.answers import answer_form
@@ -435,8 +442,8 @@ def test_another_start_and_a_group_batch_set_the_arms_start_and_their_iterations
     assert again.returncode == 0, again.stderr[-3000:]
     assert "evaluated with env {'answer_at_limit': False}; evaluating its policy again" in again.stderr
     assert json.loads((limit / "sft" / "result.json").read_text())["settings"]["env"] == {"answer_at_limit": True}
-    tag = hashlib.sha1(str(limit.resolve()).encode()).hexdigest()[:8]  # this bench's runs: every one under the rules
-    runs = [json.loads(path.read_text()) for path in (demo / "eval").glob(f"rl_gain_{tag}_*/run.json")]
-    assert {run["name"].removeprefix(f"rl_gain_{tag}_") for run in runs} == {
+    prefix = evaluation_run_prefix(limit)  # this bench's runs: every one under the rules
+    runs = [json.loads(path.read_text()) for path in (demo / "eval").glob(f"{prefix}*/run.json")]
+    assert {run["name"].removeprefix(prefix) for run in runs} == {
         "sft_q4", "against_from_ppo_sft_more_0_q4", "bm25_world_k1_q4"}  # fmt: skip
     assert all(run["env"]["answer_at_limit"] for run in runs)
