@@ -290,6 +290,13 @@ class DemoConfig:
     eval_questions: int = field(
         default=0, metadata={"help": "override the budget's dev questions per dataset (0: keep)"}
     )
+    question_docs: int = field(
+        default=0,
+        metadata={
+            "help": "retrieve this many documents with the question and show them with it before the first step, in "
+            "cold start, RL and evaluation alike (env.question_docs; 0: the policy's queries retrieve everything)"
+        },
+    )
     sft_lr: float = field(default=0.0, metadata={"help": "override the recipe's SFT learning rate (0: keep)"})
     actor_lr: float = field(default=0.0, metadata={"help": "override the recipe's PPO actor learning rate (0: keep)"})
     data: str = field(
@@ -323,7 +330,8 @@ class DemoConfig:
         from r3_env.model_registry import MODELS
         from r3_env.train.model_factory import FACTORY_FILE
 
-        if min(self.threads, self.sft_epochs, self.ppo_iterations, self.eval_questions, self.lora_rank) < 0:
+        counts = (self.threads, self.sft_epochs, self.ppo_iterations, self.eval_questions, self.lora_rank)
+        if min(*counts, self.question_docs) < 0:
             raise ValueError("threads and the overrides must be 0 or more")
         if self.sft_lr < 0 or self.actor_lr < 0:
             raise ValueError("sft_lr and actor_lr must be 0 (keep the recipe's) or positive")
@@ -520,6 +528,7 @@ class Demo:
         previous.setdefault("recipe", "r3")  # and before --recipe and --scheme
         previous.setdefault("scheme", "")
         previous.setdefault("lora_rank", 0)
+        previous.setdefault("question_docs", 0)
         defaults = {"sft_lr": 0.0, "actor_lr": 0.0, "data": "", "eval_engine": "hf", "rollout_engine": "hf"}
         for key, value in {**defaults, "vllm_python": ""}.items():  # and these (engines then ran in HF generate)
             previous.setdefault(key, value)
@@ -548,7 +557,8 @@ class Demo:
 
     @property
     def env(self) -> dict[str, Any]:
-        return REAL_ENV if self.config.data else ENV
+        env = REAL_ENV if self.config.data else ENV
+        return {**env, "question_docs": self.config.question_docs} if self.config.question_docs else env
 
     def sources(self) -> DemoData:
         """The synthetic world, or the real samples of ``--data`` split by question id."""

@@ -71,14 +71,16 @@ def steps_within(row: dict[str, Any], cutoff: int) -> list[dict[str, Any]]:
 
 
 def documents_read(row: dict[str, Any], cutoff: int) -> list[dict[str, Any]]:
-    """The query steps whose documents the policy saw within ``cutoff`` steps.
+    """The retrievals whose documents the policy saw within ``cutoff`` steps, each with its ``documents``.
 
-    Step i's documents are read when another step follows within the cutoff: a query that ends
+    The question's own retrieval (``question_documents``, ``env.question_docs``) is read first, with the
+    question. Step i's documents are read when another step follows within the cutoff: a query that ends
     the trajectory, or that is the cutoff's last step, retrieved documents nobody read (with
     ``max_steps`` = cutoff the episode would have ended there).
     """
     last = min(cutoff, row["num_steps"])
-    return [step for step in row.get("steps", [])[: last - 1] if "query" in step]
+    with_question = [{"documents": row["question_documents"]}] if row.get("question_documents") else []
+    return with_question + [step for step in row.get("steps", [])[: last - 1] if "query" in step]
 
 
 def question_metrics(row: dict[str, Any], cutoff: int, verdict: float | None) -> dict[str, Any]:

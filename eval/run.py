@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from eval.engines import ChatEngine, EngineConfig, EngineError, GenerationConfig, make_chat_engine
 from eval.methods import Method, MethodContext, TreeSettings, get_method
-from r3_env.batching import Coalescer
+from r3_env.batching import batched_search
 from r3_env.data import JsonlWriter, existing_ids, read_label
 from r3_env.env import EnvConfig
 from r3_env.protocol import get_format
@@ -209,21 +209,6 @@ def manifest(
         "env": asdict(env),
         "generation": asdict(generation),
     }
-
-
-def batched_search(retriever: Any) -> Any:
-    """``search(query, k)`` that shares one retrieval request among the questions in flight, per k."""
-    batchers: dict[int, Coalescer[str, list[Hit]]] = {}
-
-    async def search(query: str, k: int) -> list[Hit]:
-        batcher = batchers.get(k)
-        if batcher is None:
-            batcher = batchers[k] = Coalescer(
-                lambda queries: retriever.search(queries, k), 64, 0.005, "retrieval", RetrievalServiceError
-            )
-        return await batcher.submit(query)
-
-    return search
 
 
 class NoChatEngine(ChatEngine):

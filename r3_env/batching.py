@@ -12,7 +12,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
+
+from r3_env.retrieval.base import Hit
+from r3_env.retrieval.client import RetrievalServiceError
 
 logger = logging.getLogger(__name__)
 
@@ -88,3 +91,18 @@ class Coalescer(Generic[Item, Result]):
     @property
     def mean_batch(self) -> float:
         return self.items / self.calls if self.calls else 0.0
+
+
+def batched_search(retriever: Any) -> Callable[[str, int], Awaitable[list[Hit]]]:
+    """``search(query, k)`` that shares one retrieval request among the queries in flight, per k."""
+    batchers: dict[int, Coalescer[str, list[Hit]]] = {}
+
+    async def search(query: str, k: int) -> list[Hit]:
+        batcher = batchers.get(k)
+        if batcher is None:
+            batcher = batchers[k] = Coalescer(
+                lambda queries: retriever.search(queries, k), 64, 0.005, "retrieval", RetrievalServiceError
+            )
+        return await batcher.submit(query)
+
+    return search

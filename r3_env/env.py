@@ -12,7 +12,10 @@
 A ``multi_query`` step (R2AG) retrieves for each of its queries in one batched call and shows the
 union of what they found; its stop signal ends the episode after that retrieval, or on its own
 (a STOP step). An episode may start from ``context`` documents (R2AG's later rounds), which count
-as already shown.
+as already shown. With ``question_docs``, :meth:`RetrievalEnv.start` also retrieves with the question
+itself before the policy's first step and shows those documents with it, as FlashRAG's iterative
+pipelines retrieve with the question first: the policy's own queries then only have to find what the
+question's retrieval missed, and gold it found is not new to any step.
 
 Reaching ``max_steps`` retrievals without an answer ends the episode with no answer, or, with
 ``answer_at_limit``, shows the last documents and starts the final step for the policy (the format's
@@ -58,12 +61,14 @@ class EnvConfig:
     # at max_steps, show the documents and write the start of an answer step for the policy instead of
     # ending unanswered: a policy that searches once too often still answers from what it found
     answer_at_limit: bool = False
+    # documents retrieved with the question itself and shown with it before the first step (0: none)
+    question_docs: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "topk", "doc_chars", "max_step_tokens", "max_query_chars"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("docs_per_step", "max_total_docs", "format_retries", "think_tokens"):
+        for name in ("docs_per_step", "max_total_docs", "format_retries", "think_tokens", "question_docs"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be 0 or more, got {getattr(self, name)}")
 
@@ -147,16 +152,32 @@ class RetrievalEnv:
         context: Sequence[Passage] = (),
     ) -> None:
         self.config, self.renderer, self.search, self.question = config, renderer, search, question
-        self.context = tuple(context)
+        self.context = tuple(context)  # the prompt's documents: the given ones, then the question's (start())
+        self.question_documents: list[Passage] = []  # what start() retrieved with the question
         self.steps: list[StepRecord] = []
         self.documents: list[list[Passage]] = []  # per retrieval step, as shown to the policy
         self.done = False
         self._seen: set[str] = {p.id for p in self.context}
         self._shown = 0
         self._retries = 0
+        self._started = False
         self._limit_prefix = renderer.format.answer_prefix() if config.answer_at_limit else ""
         # the start of the policy's next step that the environment wrote (answer_at_limit), else ""
         self.answer_prefix = ""
+
+    async def start(self) -> str:
+        """Retrieve with the question (``question_docs``), then the prompt: call once, before the first step."""
+        if self._started:
+            raise RuntimeError("the episode has started; make a new RetrievalEnv")
+        self._started = True
+        if self.config.question_docs:
+            hits = await self.search(self.question[: self.config.max_query_chars], self.config.question_docs)
+            found = {hit.passage.id: hit.passage for hit in hits if hit.passage.id not in self._seen}
+            self.question_documents = list(found.values())
+            self.context += tuple(self.question_documents)
+            self._seen.update(found)
+            self._shown += len(found)
+        return self.reset()
 
     def reset(self) -> str:
         """The prompt: instructions, question and any context documents through the first generation prompt."""
@@ -178,7 +199,8 @@ class RetrievalEnv:
 
     @property
     def num_docs(self) -> int:
-        """Documents shown to the policy (a last retrieval that ran out of steps is recorded, not shown)."""
+        """Documents shown to the policy, the question's included (a last retrieval that ran out of steps is
+        recorded, not shown)."""
         return self._shown
 
     async def step(self, action_text: str, closed: bool = True, turn_ended: bool | None = None) -> StepResult:
@@ -190,6 +212,8 @@ class RetrievalEnv:
         """
         if self.done:
             raise RuntimeError("the episode is over; make a new RetrievalEnv")
+        if self.config.question_docs and not self._started:
+            raise RuntimeError("env.question_docs retrieves before the first step: await start() first")
         action_text = self.answer_prefix + action_text  # the step as a whole, with what the environment wrote
         try:
             if not closed:

@@ -15,7 +15,9 @@ answer, and the full documents shown after it, so SFT data can be rendered later
      "usage": {"requests": 3, "prompt_tokens": 2310, "completion_tokens": 180}, "teacher": "deepseek-chat"}
 
 A step's row is :meth:`r3_env.protocol.Step.to_json` (a ``multi_query`` step's are its ``queries``,
-``predicted`` and ``stop``), so a record reads back in every step format.
+``predicted`` and ``stop``), so a record reads back in every step format. An episode that retrieved
+with the question first (``env.question_docs``) also keeps those documents, shown with the question,
+as ``question_documents``.
 """
 
 from __future__ import annotations
@@ -58,9 +60,10 @@ def steps_json(env: RetrievalEnv) -> list[dict[str, Any]]:
 async def play(env: RetrievalEnv, renderer: MessageRenderer, write: StepWriter) -> Counter:
     """Run ``env`` to its end, one written step at a time; returns requests and token usage."""
     usage: Counter = Counter()
+    await env.start()
     while not env.done:
         turns = env_turns(env)
-        messages = renderer.messages(env.question, turns)
+        messages = renderer.messages(env.question, turns, context=env.context)
         if env.answer_prefix:  # the searches ran out: the assistant turn is started, the engine continues it
             messages.append({"role": "assistant", "content": env.answer_prefix})
         reply = await write(messages, turns)
@@ -79,7 +82,21 @@ def episode_fields(env: RetrievalEnv) -> dict[str, Any]:
         fields["invalid"] = {"output": last.action, "reason": last.format_error}
         fields["num_steps"] += 1
     fields["format_retries"] = sum(step.format_retries for step in env.steps)
+    if env.question_documents:  # shown with the question before the first step (env.question_docs)
+        fields["question_documents"] = [p.to_json() for p in env.question_documents]
     return fields
+
+
+def _passages(documents: Any, where: str) -> tuple[Passage, ...]:
+    try:
+        return tuple(Passage(str(doc["id"]), str(doc["contents"])) for doc in documents or ())
+    except (KeyError, TypeError) as error:
+        raise ValueError(f"{where}: documents must be {{'id', 'contents'}} objects ({error!r})") from None
+
+
+def question_documents_of(row: dict[str, Any], where: str = "trajectory") -> tuple[Passage, ...]:
+    """The documents a record's episode showed with its question (``question_documents``; none when absent)."""
+    return _passages(row.get("question_documents"), f"{where}: question_documents")
 
 
 def turns_of(row: dict[str, Any], where: str = "trajectory") -> list[Turn]:
@@ -91,9 +108,7 @@ def turns_of(row: dict[str, Any], where: str = "trajectory") -> list[Turn]:
     for number, step in enumerate(steps, start=1):
         try:
             parsed = Step.from_json(step)
-            documents: Sequence[Passage] = tuple(
-                Passage(str(doc["id"]), str(doc["contents"])) for doc in step.get("documents") or ()
-            )
+            documents: Sequence[Passage] = _passages(step.get("documents"), f"{where}: step {number}")
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(
                 f"{where}: step {number} is malformed ({error}); expected analysis and query, answer or queries"

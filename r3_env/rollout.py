@@ -51,8 +51,9 @@ async def run_episode(
     failure = None
     for attempt in range(ctx.config.services.episode_retries + 1):
         env = RetrievalEnv(ctx.config.env, ctx.renderer, ctx.search, question, parsed_label.start_documents)
-        traj = _Trajectory(_prompt_tokens(ctx, env, max_length), getattr(sampling_params, "logprobs", None) is not None)
+        traj = _Trajectory(getattr(sampling_params, "logprobs", None) is not None)
         try:
+            traj.add_feedback(_prompt_tokens(ctx, await env.start(), max_length))
             await _generate_and_act(ctx, env, traj, engine, sampling_params, max_length)
             problem = ctx.label_problem(parsed_label)
             if problem is None:
@@ -88,6 +89,8 @@ async def run_episode(
         "step_rewards": step_rewards,
         "num_docs": env.num_docs,
     }
+    if env.question_documents:
+        record["question_doc_ids"] = [p.id for p in env.question_documents]
     ctx.log(record)
     return RolloutResult(
         prompt=prompt,
@@ -126,10 +129,10 @@ class RolloutResult:
 class _Trajectory:
     """Token-space state of one attempt; survives a service failure so the attempt can be returned flagged."""
 
-    def __init__(self, prompt_tokens: list[int], want_logprobs: bool) -> None:
-        self.tokens = list(prompt_tokens)
+    def __init__(self, want_logprobs: bool) -> None:
+        self.tokens: list[int] = []  # the prompt's (added as the first feedback), then actions and feedback
         self.action_ranges: list[tuple[int, int]] = []
-        self.logprobs: list[float] | None = [0.0] * len(prompt_tokens) if want_logprobs else None
+        self.logprobs: list[float] | None = [] if want_logprobs else None
         self.truncated = False
         self.out_of_context = False  # the context ran out before the episode ended
         self.generation_s = 0.0  # awaiting the engine
@@ -158,9 +161,9 @@ class _Trajectory:
             self.logprobs.extend([0.0] * len(tokens))
 
 
-def _prompt_tokens(ctx: RolloutContext, env: RetrievalEnv, max_length: int) -> list[int]:
+def _prompt_tokens(ctx: RolloutContext, prompt: str, max_length: int) -> list[int]:
     """The episode's prompt as tokens, its start cut when it would leave no room for a step."""
-    tokens = ctx.tokenizer(env.reset(), add_special_tokens=False)["input_ids"]
+    tokens = ctx.tokenizer(prompt, add_special_tokens=False)["input_ids"]
     room = max_length - min(ctx.config.env.step_budget, max_length // 2)
     if len(tokens) > room:
         logger.warning("prompt of %d tokens cut to %d to leave room for a step", len(tokens), room)

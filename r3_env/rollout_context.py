@@ -82,14 +82,10 @@ class RolloutContext:
                 retries=services.retries,
                 backoff=services.backoff_s,
             )
-        topk, judge_ = config.env.topk, self._judge
-        self.search_batcher: Coalescer[str, list[Hit]] = Coalescer(
-            lambda queries: self._retriever.search(queries, topk),
-            services.max_batch,
-            wait,
-            "retrieval",
-            RetrievalServiceError,
-        )
+        judge_ = self._judge
+        # one coalesced request per depth: the policy's queries (env.topk), the question's own (env.question_docs)
+        self._search_batchers = {k: self._search_batcher(k) for k in {config.env.topk, config.env.question_docs} if k}
+        self.search_batcher = self._search_batchers[config.env.topk]
         self.relevance_batcher: Coalescer[dict, Judgement] = Coalescer(
             lambda items: judge_.relevance(items), services.max_batch, wait, "relevance", RewardServiceError
         )
@@ -140,8 +136,26 @@ class RolloutContext:
         encoder = Encoder(path, sentence_transformer=(Path(path) / "modules.json").is_file())
         return encoder, instruction_prefix(None, path, passage=False)
 
+    def _search_batcher(self, k: int) -> Coalescer[str, list[Hit]]:
+        services = self.config.services
+        return Coalescer(
+            lambda queries: self._retriever.search(queries, k),
+            services.max_batch,
+            services.batch_wait_ms / 1000,
+            "retrieval",
+            RetrievalServiceError,
+        )
+
+    @property
+    def retrieval_busy_s(self) -> float:
+        """Seconds spent in batched retrieval calls, at every depth."""
+        return sum(batcher.busy_s for batcher in self._search_batchers.values())
+
     async def search(self, query: str, k: int) -> list[Hit]:
-        return await self.search_batcher.submit(query)
+        batcher = self._search_batchers.get(k)
+        if batcher is None:
+            raise ValueError(f"top-{k} retrieval was asked, but episodes search only env.topk or env.question_docs")
+        return await batcher.submit(query)
 
     def query_similarity(self, queries: list[str]) -> float:
         """The mean pairwise cosine similarity of the queries' embeddings (lws's diversity term)."""

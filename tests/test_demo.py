@@ -281,7 +281,7 @@ def test_a_model_that_is_neither_registered_nor_a_folder_is_refused(tmp_path):
     assert not (tmp_path / "d").exists()
 
 
-def test_lora_rank_reaches_the_trainer(tmp_path):
+def test_lora_rank_and_question_docs_reach_the_trainer(tmp_path):
     from demo.run import Demo, DemoConfig
 
     demo = Demo(DemoConfig(out=str(tmp_path / "d"), model="tiny-random", lora_rank=8))
@@ -289,6 +289,10 @@ def test_lora_rank_reaches_the_trainer(tmp_path):
     assert config.model.lora_rank == 8
     with pytest.raises(ValueError, match="must be 0 or more"):
         DemoConfig(lora_rank=-1)
+    first = Demo(DemoConfig(out=str(tmp_path / "d"), model="tiny-random", question_docs=4))
+    assert first.env["question_docs"] == 4 and "question_docs" not in demo.env  # the same rules for every stage
+    config = first.train_config(tmp_path / "p", tmp_path / "sft.jsonl", tmp_path / "w", "http://r", "http://j")
+    assert config.rollout.env.question_docs == 4
 
 
 def test_the_untrained_policy_is_known_before_the_demo_ends(tmp_path):

@@ -15,7 +15,7 @@ from r3_env.engines import HFEngine, SamplingParams
 from r3_env.env import EnvConfig, RetrievalEnv
 from r3_env.episode import Outcome, Trace, classify
 from r3_env.protocol import ChatRenderer, MessageRenderer, Step, Turn, available_formats, get_format
-from r3_env.records import episode_fields, play, turns_of
+from r3_env.records import episode_fields, play, question_documents_of, turns_of
 from r3_env.retrieval.base import Hit
 from r3_env.rewards import Episode, RewardScheme, at_last_step, get_scheme, register_scheme
 from r3_env.rollout import run_episode
@@ -104,6 +104,35 @@ def test_a_record_round_trips_in_every_format(name):
     first = turns[0]
     assert [p.id for p in first.documents] == [p.id for p in env.documents[0]]
     assert row["num_steps"] == len(steps) and "invalid" not in row
+
+
+def test_the_questions_own_documents_are_shown_recorded_read_back_and_counted_as_read():
+    """env.question_docs in play(): the writer sees them with the question, the record keeps them, and
+    evaluation counts them among the documents read (Full-Recall, docs)."""
+    from eval.metrics import question_metrics
+
+    renderer = MessageRenderer("r3")
+    question = "Which river flows through Oslo?"
+    env = RetrievalEnv(EnvConfig(max_steps=3, question_docs=2), renderer, ListedSearch(), question)
+    replies = iter([renderer.format.render_step(step) for step in STEPS["r3"]])
+    seen: list[list[dict[str, str]]] = []
+
+    async def write(messages, turns) -> ChatReply:
+        seen.append(messages)
+        return ChatReply(next(replies))
+
+    asyncio.run(play(env, renderer, write))
+    assert f"{question} 1\nAbout {question}." in seen[0][-1]["content"]  # the first user turn holds them
+    row = json.loads(json.dumps(episode_fields(env)))
+    assert [d["id"] for d in row["question_documents"]] == [f"{question}#0", f"{question}#1"]
+    assert question_documents_of(row) == tuple(env.question_documents)
+    gold = [f"{question}#1", "Hestolvale Tower director#0"]
+    row.update(prediction="Marta Kell", golden_answers=["Marta Kell"], gold_ids=gold)
+    metrics = question_metrics(row, cutoff=4, verdict=None)
+    assert metrics["docs"] == 4 and metrics["retrieval"]["full_recall"] == 1.0  # 2 with the question, 2 by the query
+    assert question_metrics({**row, "question_documents": []}, 4, None)["retrieval"]["full_recall"] == 0.0
+    with pytest.raises(ValueError, match="question_documents"):
+        question_documents_of({"question_documents": [{"id": "1"}]})
 
 
 # -- a scheme with a signal of its own: this file and one registry line ---------------------------------------

@@ -125,3 +125,6 @@ def test_a_step_aims_at_the_first_hop_no_earlier_step_showed():
     assert aimed_hops(hops, [{"1", "2"}]) == ([hops[0]], [hops[2]])  # step 1 also answered hop b: c is next
     assert aimed_hops(hops, [{"1", "2"}, {"3"}]) == ([hops[0], hops[2]], [])
     assert aimed_hops(hops, [{"9"}, {"1"}]) == ([hops[0], hops[0]], [hops[1], hops[2]])  # a miss aims again
+    # documents shown with the question (env.question_docs) answered hop a: the first step aims at b
+    assert aimed_hops(hops, [{"2"}], shown_first={"1"}) == ([hops[1]], [hops[2]])
+    assert aimed_hops(hops, [], shown_first={"1", "2", "3"}) == ([], [])

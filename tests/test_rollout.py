@@ -138,6 +138,29 @@ def test_env_keeps_new_documents_per_step_and_caps_the_total_as_the_official_cod
     assert result.done and env.answer == "X" and env.retrievals == 3
 
 
+def test_env_retrieves_with_the_question_first_and_shows_it_before_the_first_step(tokenizer):
+    """env.question_docs: the question's own top documents come with the prompt, count as shown and as found."""
+    renderer = ChatRenderer(tokenizer)
+    search = FixedSearch()
+    config = EnvConfig(dedup_docs=True, docs_per_step=2, max_total_docs=5, question_docs=2)
+    env = RetrievalEnv(config, renderer, search, "Q?")
+    with pytest.raises(RuntimeError, match="await start"):
+        run(env.step(query_step("a", "q")))
+    prompt = run(env.start())
+    assert prompt == renderer.prompt("Q?", search.passages[:2]) and "Text 1." in prompt
+    assert search.queries == ["Q?"] and [p.id for p in env.question_documents] == ["0", "1"]
+    shown = run(env.step(query_step("a", "q"))).documents
+    assert [p.id for p in shown] == ["2", "3"]  # the question's are not shown again
+    assert env.num_docs == 4 and env.retrievals == 1
+    assert run(env.step(query_step("b", "q2"))).documents == (search.passages[4],)  # the cap counts them too
+    progress = env.gold_progress(["1", "3"])  # gold the question found is nobody's step's
+    assert (progress.before, progress.new) == (1, [1, 0])
+    with pytest.raises(RuntimeError, match="has started"):
+        run(env.start())
+    with pytest.raises(ValueError, match="question_docs"):
+        EnvConfig(question_docs=-1)
+
+
 def test_env_ends_without_answer_at_max_steps_and_never_shows_the_last_documents(tokenizer):
     env = RetrievalEnv(EnvConfig(max_steps=2), ChatRenderer(tokenizer), FixedSearch(), "Q?")
     assert not run(env.step(query_step("a", "q1"))).done
@@ -323,6 +346,44 @@ def test_outcome_gold_hit_and_r3_gold_schemes_and_format_regeneration(world, ret
     assert labelled.step_rewards == pytest.approx([1.6 * n / total for n in found] + [2.0]) and sum(found) > 0
     early = run(main("gold_hit", [answer_step("no need", "yes")]))
     assert early.step_rewards == [0.0] and early.score == 0.0
+
+
+def test_the_question_first_retrieval_reaches_the_prompt_and_r3_gold_pays_only_for_new_gold(
+    world, retriever, reward, tokenizer, model
+):
+    """env.question_docs (3, the policy's queries 5): the service's top 3 for the question open the episode."""
+    questions = [row["question"] for row in world["rows"]]
+    body = {"queries": questions, "topk": 3, "return_scores": True}
+    found = httpx.post(retriever.url + "/retrieve", json=body).json()["result"]
+    tops = [[hit["document"] for hit in hits] for hits in found]
+    # a question whose own retrieval finds one of its two gold passages
+    row, top = next(
+        (row, top)
+        for row, top in zip(world["rows"], tops, strict=True)
+        if len({d["id"] for d in top} & set(row["metadata"]["supporting_passage_ids"])) == 1
+    )
+    first, second = hops(row)
+    gold_ids = row["metadata"]["supporting_passage_ids"]
+
+    async def main():
+        settings = config(retriever, reward, reward={"scheme": "r3_gold"}, env={"question_docs": 3})
+        ctx = RolloutContext(settings, tokenizer)
+        engine, script = scripted_engine(model, tokenizer, ctx)
+        script.plans = {row["question"]: [query_step("a", first), query_step("b", second), answer_step("c", "x")]}
+        result = await run_episode(ctx, engine, row["question"], json.dumps(row), SamplingParams(), 4096)
+        await ctx.aclose()
+        return ctx, result
+
+    ctx, result = run(main())
+    assert result.record["question_doc_ids"] == [d["id"] for d in top]
+    prompt = tokenizer.decode(result.observation_tokens[: result.action_ranges[0][0]])
+    assert all(d["contents"].split("\n")[0] in prompt for d in top)
+    assert [len(step["doc_ids"]) for step in result.record["steps"][:2]] == [5, 5]  # the policy's own depth
+    found = [step["new_gold"] for step in result.record["steps"][:2]]
+    shown = {i for step in result.record["steps"][:2] for i in step["doc_ids"]}
+    assert sum(found) == len(set(gold_ids) & shown - {d["id"] for d in top})  # the question's gold is no step's
+    assert result.step_rewards[:2] == pytest.approx([0.8 * n / len(gold_ids) for n in found])  # a wrong answer: 0.8
+    assert ctx.retrieval_busy_s > ctx.search_batcher.busy_s > 0  # two depths, two batched calls
 
 
 def test_lws_on_the_tags_format_follows_the_trainers_step_and_the_shapes(world, retriever, reward, tokenizer, model):

@@ -7,6 +7,7 @@ the policy takes the same steps, and the loss falls on the policy's steps, never
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import runpy
@@ -44,8 +45,16 @@ def synthesized(tmp_path_factory) -> dict:
     config = SynthConfig(data=str(root / "world" / "train.jsonl"), out=str(root / "cs"), samples=1, max_questions=12)
     retrieval = RetrievalSource(config=str(root / "retriever.yaml"))
     asyncio.run(synthesize(config, EnvConfig(), TeacherConfig(detour_rate=0.5), retrieval))
+    # the same questions with the question's own top 3 shown before the first step (env.question_docs)
+    first = dataclasses.replace(config, out=str(root / "cs_question_first"))
+    asyncio.run(synthesize(first, EnvConfig(question_docs=3), TeacherConfig(detour_rate=0.5), retrieval))
     trajectories = root / "cs" / "trajectories.jsonl"
-    return {"root": root, "trajectories": trajectories, "retrieval": retrieval}
+    return {
+        "root": root,
+        "trajectories": trajectories,
+        "question_first": root / "cs_question_first" / "trajectories.jsonl",
+        "retrieval": retrieval,
+    }
 
 
 def openrlhf_sft_dataset(path, tokenizer, **data):
@@ -67,13 +76,17 @@ def policy(request, bpe_backend, smollm2_tokenizer, tmp_path_factory):
     return request.param, folder, tokenizer
 
 
-def test_sft_transcript_tokens_equal_the_rl_environment_tokens(synthesized, policy, tmp_path):
+@pytest.mark.parametrize("question_docs", [0, 3])
+def test_sft_transcript_tokens_equal_the_rl_environment_tokens(synthesized, policy, tmp_path, question_docs):
+    """With ``env.question_docs`` too: the documents shown with the question are in both, and never trained on."""
     from transformers import AutoModelForCausalLM
 
     name, folder, tokenizer = policy
     out = tmp_path / "sft.jsonl"
-    stats = build_sft_data(SFTDataConfig(input=str(synthesized["trajectories"]), out=str(out), tokenizer=str(folder)))
-    trajectories = [json.loads(line) for line in synthesized["trajectories"].read_text().splitlines()]
+    source = synthesized["question_first" if question_docs else "trajectories"]
+    stats = build_sft_data(SFTDataConfig(input=str(source), out=str(out), tokenizer=str(folder)))
+    trajectories = [json.loads(line) for line in source.read_text().splitlines()]
+    assert all(bool(row.get("question_documents")) == bool(question_docs) for row in trajectories)
     assert stats["examples"] == stats["trajectories"] == len(trajectories) >= 10
     dataset = openrlhf_sft_dataset(out, tokenizer, input_key="messages", output_key=None, multiturn=True)
     assert len(dataset) == len(trajectories)
@@ -86,7 +99,8 @@ def test_sft_transcript_tokens_equal_the_rl_environment_tokens(synthesized, poli
 
     async def rollouts():
         retriever = AsyncInProcess(load_retriever(retriever_config(synthesized["retrieval"].config)))
-        ctx = RolloutContext(RolloutConfig.from_dict({"reward": {"scheme": "outcome"}}), tokenizer, search=retriever)
+        values = {"reward": {"scheme": "outcome"}, "env": {"question_docs": question_docs}}
+        ctx = RolloutContext(RolloutConfig.from_dict(values), tokenizer, search=retriever)
         engine = HFEngine(AutoModelForCausalLM.from_pretrained(folder), tokenizer, script=script)
         params = SamplingParams(temperature=1.0, max_tokens=None)
         results = await asyncio.gather(
@@ -111,6 +125,10 @@ def test_sft_transcript_tokens_equal_the_rl_environment_tokens(synthesized, poli
         extra = sorted(trained - actions)  # ... besides the template's text after a turn end, never documents
         assert all(observation_open.startswith(tokenizer.decode([result.observation_tokens[j]])) for j in extra)
         assert len(extra) <= len(result.action_ranges)
+        if question_docs:  # retrieved with the question again by the RL side: the same documents, in the prompt
+            prompt = tokenizer.decode(result.observation_tokens[: result.action_ranges[0][0]])
+            assert result.record["question_doc_ids"] == [d["id"] for d in row["question_documents"]]
+            assert all(d["contents"].split("\n")[0] in prompt for d in row["question_documents"])
 
 
 def test_per_step_form_is_the_papers_examples_and_loads_in_openrlhf(synthesized, smollm2_tokenizer, tmp_path):

@@ -25,7 +25,7 @@ import dataclasses
 import difflib
 import itertools
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from r3_env.coldstart.teacher import PlanningTeacher, TeacherRequest
@@ -189,13 +189,16 @@ FINAL = (
 MISSED = "The documents for my last query do not contain what I needed, and I cannot go on from them."
 
 
-def aimed_hops(hops: Sequence[Hop], shown_per_step: Sequence[set[str]]) -> tuple[list[Hop], list[Hop]]:
+def aimed_hops(
+    hops: Sequence[Hop], shown_per_step: Sequence[set[str]], shown_first: Collection[str] = ()
+) -> tuple[list[Hop], list[Hop]]:
     """(the hop each step aimed at, the hops still to retrieve) after steps that showed ``shown_per_step``.
 
-    A step aims at the first hop whose gold paragraph no earlier step showed: a hop that an earlier
-    step's documents already answered is skipped, as a policy reading those documents would.
+    A step aims at the first hop whose gold paragraph nothing showed before it: a hop that the
+    documents shown with the question (``shown_first``) or an earlier step's already answered is
+    skipped, as a policy reading those documents would.
     """
-    shown: set[str] = set()
+    shown: set[str] = set(shown_first)
     aimed = []
     for documents in shown_per_step:
         aimed.append(next(hop for hop in hops if hop.gold_id not in shown))
@@ -212,7 +215,8 @@ class EvidenceTeacher(PlanningTeacher):
         hops = evidence_hops(request.item)
         turns = request.turns
         rng = self.rng(request)
-        aimed, remaining = aimed_hops(hops, [{doc.id for doc in turn.documents} for turn in turns])
+        shown = [{doc.id for doc in turn.documents} for turn in turns]
+        aimed, remaining = aimed_hops(hops, shown, {doc.id for doc in request.context})
         if turns and aimed[-1].gold_id not in {doc.id for doc in turns[-1].documents}:
             return Step("", answer="unknown", reflection=MISSED)  # rejected: this step's gold was not retrieved
         if not remaining:

@@ -125,11 +125,13 @@ class ScriptedTeacher(PlanningTeacher):
         turns = request.turns
         rng = self.rng(request)
         detour = random.Random(zlib.crc32(f"{self.config.seed}/{request.item.id}/{request.sample}".encode()))
-        shown = {doc.id for turn in turns for doc in turn.documents}
+        # what the question's own retrieval showed (env.question_docs) counts as found, as a policy would read it
+        shown = {doc.id for doc in request.context} | {doc.id for turn in turns for doc in turn.documents}
         missing = [sub for sub in subs if sub.passage_id not in shown]
         queries_left = request.max_steps - len(turns)
 
-        if not turns and len(subs) + 1 < request.max_steps and detour.random() < self.config.detour_rate:
+        broad = not turns and not request.context and len(subs) + 1 < request.max_steps  # the question unsearched
+        if broad and detour.random() < self.config.detour_rate:
             return Step(rng.choice(BROAD), query=request.item.question)
         if not missing:
             facts = "; ".join(f"the {s.noun} of {s.subject} is {s.answer}" for s in subs)

@@ -22,16 +22,16 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from tqdm import tqdm
 
-from r3_env.data import iter_jsonl, write_jsonl
+from r3_env.data import Passage, iter_jsonl, write_jsonl
 from r3_env.protocol import ChatRenderer, FormatError, MessageRenderer, StepFormat, Turn
-from r3_env.records import turns_of
+from r3_env.records import question_documents_of, turns_of
 
 logger = logging.getLogger(__name__)
 
@@ -109,9 +109,14 @@ def expansions(question: str, turns: list[Turn], renderer: MessageRenderer) -> l
 
 
 def examples(
-    question: str, turns: list[Turn], renderer: MessageRenderer, form: str, row_id: str
+    question: str,
+    turns: list[Turn],
+    renderer: MessageRenderer,
+    form: str,
+    row_id: str,
+    context: Sequence[Passage] = (),
 ) -> Iterator[dict[str, Any]]:
-    """The SFT rows of one trajectory, in the given form."""
+    """The SFT rows of one trajectory, in the given form (``context``: documents shown with the question)."""
     if renderer.format.expands_from_context:
         for number, messages in enumerate(expansions(question, turns, renderer), start=1):
             if form == "transcript":
@@ -119,7 +124,7 @@ def examples(
             else:
                 yield {"id": f"{row_id}#step{number}", "prompt": messages[:-1], "response": messages[-1:]}
         return
-    messages = renderer.messages(question, turns)
+    messages = renderer.messages(question, turns, context=context)
     if form == "transcript":
         yield {"id": row_id, "messages": messages}
         return
@@ -145,6 +150,7 @@ def build_sft_data(config: SFTDataConfig) -> dict[str, Any]:
             if not isinstance(row.get("question"), str) or not row["question"].strip():
                 raise ValueError(f"{where}: field 'question' must be a non-empty string")
             turns = fit_format(turns_of(row, where), renderer.format, where)
+            context = question_documents_of(row, where)
             if not turns[-1].step.is_final:
                 raise ValueError(f"{where}: the last step has no final answer; SFT data needs complete trajectories")
             counts["trajectories"] += 1
@@ -159,13 +165,14 @@ def build_sft_data(config: SFTDataConfig) -> dict[str, Any]:
                         for messages, turn in zip(conversations, turns, strict=True)
                     ]
                 else:
-                    texts = [renderer.transcript(row["question"], turns)]
+                    texts = [renderer.transcript(row["question"], turns, context)]
                 tokens = max(len(renderer.tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts)
                 if tokens > config.max_length:
                     counts["dropped_too_long"] += 1
                     continue
                 lengths.append(tokens)
-            for example in examples(row["question"], turns, renderer, config.form, str(row.get("id", number))):
+            row_id = str(row.get("id", number))
+            for example in examples(row["question"], turns, renderer, config.form, row_id, context):
                 example["dataset"] = row.get("dataset", "")
                 yield example
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from r3_env.batching import Coalescer
+from r3_env.batching import Coalescer, batched_search
 from r3_env.chat_client import ChatReply
 from r3_env.coldstart.teacher import Teacher, TeacherConfig, TeacherError, TeacherRequest, make_teacher
 from r3_env.data import JsonlWriter, existing_ids, iter_jsonl, write_jsonl
@@ -154,9 +154,7 @@ class Synthesizer:
         self.renderer = MessageRenderer(config.step_format, doc_chars=env.doc_chars)
         self.examples = few_shot_messages(*few_shot, self.renderer) if few_shot else []
         self.temperatures = config.temperature_list()
-        self._search = Coalescer(
-            lambda queries: retriever.search(queries, env.topk), 64, 0.005, "retrieval", RetrievalServiceError
-        )
+        self._search = batched_search(retriever)
         self._judge = (
             Coalescer(lambda items: judge.correctness(items), 64, 0.005, "correctness", RewardServiceError)
             if judge is not None
@@ -164,8 +162,8 @@ class Synthesizer:
         )
 
     async def search(self, query: str, k: int) -> list[Hit]:
-        """The episode's search: coalesced with other samples' queries (k is always env.topk)."""
-        return await self._search.submit(query)
+        """The episode's search: coalesced with other samples' queries at the same k."""
+        return await self._search(query, k)
 
     async def sample(self, question: Question, index: int) -> dict[str, Any]:
         """One trajectory for ``question``; raises one of FAILURES when the teacher or a service fails."""
@@ -175,7 +173,7 @@ class Synthesizer:
         async def write(messages: list[dict[str, str]], turns: list) -> ChatReply:
             messages = with_examples(messages, self.examples)
             return await self.teacher.next_step(
-                TeacherRequest(messages, temperature, item, turns, index, self.env.max_steps)
+                TeacherRequest(messages, temperature, item, turns, index, self.env.max_steps, env.context)
             )
 
         usage = await play(env, self.renderer, write)

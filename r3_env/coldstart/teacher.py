@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from r3_env.chat_client import ChatEndpointError, ChatReply, OpenAIChat
-from r3_env.data import QAItem
+from r3_env.data import Passage, QAItem
 from r3_env.protocol import Step, Turn, get_format
 
 
@@ -91,6 +91,7 @@ class TeacherRequest:
     turns: Sequence[Turn]
     sample: int = 0
     max_steps: int = 5
+    context: Sequence[Passage] = ()  # documents shown with the question (env.question_docs)
 
 
 class Teacher(ABC):

@@ -297,21 +297,21 @@ class ChatRenderer(MessageRenderer):
         text += self.frame.observation_close
         return text if action_closed else self.frame.turn_end + text
 
-    def segments(self, question: str, turns: Sequence[Turn]) -> list[tuple[str, bool]]:
-        """(text, is_policy_action) pieces whose concatenation is the transcript.
+    def segments(self, question: str, turns: Sequence[Turn], context: Sequence[Passage] = ()) -> list[tuple[str, bool]]:
+        """(text, is_policy_action) pieces whose concatenation is the transcript (``context``: the prompt's documents).
 
         A query turn is followed by its documents; the transcript of a trajectory ending on a
         query therefore ends with a generation prompt, one ending on an answer with the stop token.
         """
-        pieces = [(self.prompt(question), False)]
+        pieces = [(self.prompt(question, context), False)]
         for number, turn in enumerate(turns, start=1):
             pieces.append((self.step(turn.step), True))
             if not turn.step.is_final:
                 pieces.append((self.observation(turn.documents, number), False))
         return pieces
 
-    def transcript(self, question: str, turns: Sequence[Turn]) -> str:
-        return "".join(text for text, _ in self.segments(question, turns))
+    def transcript(self, question: str, turns: Sequence[Turn], context: Sequence[Passage] = ()) -> str:
+        return "".join(text for text, _ in self.segments(question, turns, context))
 
     def question_of(self, prompt: str) -> str | None:
         """The question in a prompt rendered by :meth:`prompt` (None if it has none)."""

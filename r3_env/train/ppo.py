@@ -483,7 +483,7 @@ class PPOTrainer:
 
     def _service_time(self) -> tuple[float, float]:
         context = self.context
-        return context.search_batcher.busy_s, context.relevance_batcher.busy_s + context.correctness_batcher.busy_s
+        return context.retrieval_busy_s, context.relevance_batcher.busy_s + context.correctness_batcher.busy_s
 
     def train(self) -> Path:
         """Run (or resume) all iterations; returns the final policy's folder."""
