@@ -71,6 +71,11 @@ class EnvConfig:
         for name in ("docs_per_step", "max_total_docs", "format_retries", "think_tokens", "question_docs"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be 0 or more, got {getattr(self, name)}")
+        if self.max_total_docs and self.question_docs >= self.max_total_docs:
+            raise ValueError(
+                f"question_docs ({self.question_docs}) must be below max_total_docs ({self.max_total_docs}): the cap "
+                "counts the question's documents, so no step would show any"
+            )
 
     @property
     def step_budget(self) -> int:

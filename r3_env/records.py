@@ -23,7 +23,7 @@ as ``question_documents``.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from r3_env.chat_client import ChatReply
@@ -108,12 +108,11 @@ def turns_of(row: dict[str, Any], where: str = "trajectory") -> list[Turn]:
     for number, step in enumerate(steps, start=1):
         try:
             parsed = Step.from_json(step)
-            documents: Sequence[Passage] = _passages(step.get("documents"), f"{where}: step {number}")
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(
                 f"{where}: step {number} is malformed ({error}); expected analysis and query, answer or queries"
             ) from None
-        turns.append(Turn(parsed, documents))
+        turns.append(Turn(parsed, _passages(step.get("documents"), f"{where}: step {number}")))
     if any(turn.step.is_final for turn in turns[:-1]):
         raise ValueError(f"{where}: only the last step may hold the final answer")
     return turns

@@ -62,6 +62,8 @@ async def run_episode(
             break
         except SERVICE_ERRORS as error:  # the whole episode again: its judgements are not worth keeping
             failure = error
+            if not traj.tokens:  # the question's own retrieval failed: the flagged episode is its prompt
+                traj.add_feedback(_prompt_tokens(ctx, env.reset(), max_length))
             logger.warning("episode attempt %d failed: %s", attempt + 1, error)
         finally:
             traj.discard_judging()

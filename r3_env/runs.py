@@ -13,7 +13,7 @@ import json
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -119,12 +119,21 @@ def _dotted(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def _added_env_defaults(now: dict[str, Any]) -> dict[str, Any]:
+    """The episode rules' defaults among ``now``'s dotted keys: a manifest written before a rule existed
+    (``env.question_docs``, ...) ran under its default."""
+    from r3_env.env import EnvConfig
+
+    defaults = {f"env.{item.name}": item.default for item in fields(EnvConfig)}
+    return {key: value for key, value in defaults.items() if key in now}
+
+
 def check_manifest(manifest: Path, rows: Path, settings: dict[str, Any]) -> None:
     """Record the settings in ``manifest``, or refuse to add to ``rows`` made with other ones."""
     if manifest.exists() and existing_ids(rows):
-        old = json.loads(manifest.read_text())
-        if old != settings:
-            before, now = _dotted(old), _dotted(settings)
+        now = _dotted(settings)
+        before = _added_env_defaults(now) | _dotted(json.loads(manifest.read_text()))
+        if before != now:
             keys = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
             changed = [f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in keys]
             raise ValueError(

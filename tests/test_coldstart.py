@@ -257,6 +257,35 @@ def test_settings_are_only_binding_once_a_sample_is_written(tmp_path):
         check_manifest(manifest, rows, {"teacher": {"kind": "scripted"}})
 
 
+def test_a_run_recorded_before_an_episode_rule_existed_resumes_under_its_default(tmp_path):
+    manifest, rows = tmp_path / "run.json", tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"id": "d/q#0"}) + "\n")
+    manifest.write_text(json.dumps({"env": {"topk": 5}}))  # written before env.question_docs existed
+    check_manifest(manifest, rows, {"env": {"topk": 5, "question_docs": 0}})
+    with pytest.raises(ValueError, match=r"env.question_docs: 0 -> 4"):
+        check_manifest(manifest, rows, {"env": {"topk": 5, "question_docs": 4}})
+
+
+def test_under_question_docs_the_scripted_teacher_searches_only_for_what_they_miss(world, tmp_path):
+    """In the tags format too, whose first step must think before it answers (nothing was searched yet)."""
+    config = synth_config(world, tmp_path / "cs", 40, step_format="tags", samples=1)
+    retrieval = RetrievalSource(config=world["retriever"])
+    asyncio.run(synthesize(config, EnvConfig(question_docs=4), TeacherConfig(detour_rate=1.0), retrieval))
+    samples = read_rows(tmp_path / "cs" / "samples.jsonl")
+    assert len(samples) == 40 and not [s for s in samples if s["outcome"] == "format_error"]
+    questions = {r["question"]: r for r in rows(world)}
+    direct = 0
+    for sample in samples:
+        shown = {d["id"] for d in sample["question_documents"]}
+        gold = set(questions[sample["question"]]["metadata"]["supporting_passage_ids"])
+        queries = [step["query"] for step in sample["steps"] if "query" in step]
+        assert sample["question"] not in queries  # the environment searched the question: no detour
+        if not queries:
+            direct += 1
+            assert gold <= shown and sample["outcome"] == "correct"
+    assert direct > 0
+
+
 def test_datasets_need_distinct_names(world, tmp_path):
     with pytest.raises(ValueError, match="distinct names"):
         load_questions(SynthConfig(data=f"{world['train']},{world['train']}").paths())

@@ -443,9 +443,10 @@ def test_a_dead_service_gives_a_flagged_neutral_episode_not_an_exception(world, 
 
     row = world["rows"][5]
 
-    async def main():
+    async def main(env=None):
         dead = f"http://127.0.0.1:{free_port()}"
         values = {"services": {"retriever_url": dead, "reward_url": reward.url, "retries": 1, "backoff_s": 0.01}}
+        values["env"] = env or {}
         ctx = RolloutContext(RolloutConfig.from_dict(values), tokenizer)
         engine, script = scripted_engine(model, tokenizer, ctx)
         script.plans = {row["question"]: [query_step("a", hops(row)[0])]}
@@ -457,6 +458,10 @@ def test_a_dead_service_gives_a_flagged_neutral_episode_not_an_exception(world, 
     assert result.outcome == "service_failure" and result.extra_logs["service_failure"] == 1.0
     assert result.step_rewards == [0.0] and len(result.action_ranges) == 1
     assert ctx.stats.service_failures == 1
+    # the question's own retrieval (env.question_docs) failed before any step: the episode is its prompt
+    ctx, result = run(main({"question_docs": 3}))
+    assert result.outcome == "service_failure" and result.action_ranges == [] and result.step_rewards == []
+    assert tokenizer.decode(result.observation_tokens).endswith(ChatRenderer(tokenizer).prompt(row["question"]))
 
 
 def test_a_label_without_answers_is_flagged_neutral(world, retriever, reward, tokenizer, model):

@@ -186,6 +186,8 @@ FINAL = (
     "The documents hold every fact the question needs{facts}. The answer is {answer}.",
     "Putting the retrieved evidence together{facts}, the answer is {answer}.",
 )
+# the analysis of an answer before any search: the documents shown with the question held every fact
+SHOWN_WITH_QUESTION = "The documents shown with the question hold what it asks."
 MISSED = "The documents for my last query do not contain what I needed, and I cannot go on from them."
 
 
@@ -223,7 +225,7 @@ class EvidenceTeacher(PlanningTeacher):
             facts = "; ".join(hop.fact for hop in hops if hop.fact)
             answer = request.item.golden_answers[0]
             final = rng.choice(FINAL).format(facts=f" ({facts})" if facts else "", answer=answer)
-            return Step("", answer=answer, reflection=final)
+            return Step("" if turns else SHOWN_WITH_QUESTION, answer=answer, reflection=final)
         if len(remaining) >= request.max_steps - len(turns):  # the chain does not fit the retrieval budget
             return Step("The chain of evidence is longer than the steps I may take.", answer="unknown")
         hop = remaining[0]

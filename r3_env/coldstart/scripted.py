@@ -85,6 +85,8 @@ MISSED = (
     ("The retrieved documents do not mention the {relation} of {subject};", "let me search with different words."),
 )
 NOT_FOUND = ("The documents do not hold what I need yet.", "The retrieved documents are not about it.")
+# the analysis of an answer before any search: the documents shown with the question held every fact
+SHOWN_WITH_QUESTION = "The documents shown with the question hold every fact I need."
 FINAL = (
     "I now have every piece: {facts}. Therefore the answer is {answer}.",
     "Combining the evidence ({facts}), the answer to the question is {answer}.",
@@ -136,7 +138,8 @@ class ScriptedTeacher(PlanningTeacher):
         if not missing:
             facts = "; ".join(f"the {s.noun} of {s.subject} is {s.answer}" for s in subs)
             answer = request.item.golden_answers[0]
-            return Step("", answer=answer, reflection=rng.choice(FINAL).format(facts=facts, answer=answer))
+            final = rng.choice(FINAL).format(facts=facts, answer=answer)
+            return Step("" if turns else SHOWN_WITH_QUESTION, answer=answer, reflection=final)
         target = missing[0]
         if queries_left <= 1:  # another query would end the episode before its documents are shown
             missing_fact = f"{target.noun} of {target.subject}"

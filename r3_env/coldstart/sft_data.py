@@ -97,10 +97,12 @@ def fit_format(turns: list[Turn], fmt: StepFormat, where: str) -> list[Turn]:
     return fitted
 
 
-def expansions(question: str, turns: list[Turn], renderer: MessageRenderer) -> list[list[dict[str, str]]]:
+def expansions(
+    question: str, turns: list[Turn], renderer: MessageRenderer, context: Sequence[Passage] = ()
+) -> list[list[dict[str, str]]]:
     """One conversation per step for formats that expand from context: the question, the documents
-    found by the earlier steps, then the step."""
-    conversations, found = [], {}
+    shown with it (``context``) and found by the earlier steps, then the step."""
+    conversations, found = [], {p.id: p for p in context}
     for turn in turns:
         messages = renderer.messages(question, context=list(found.values()))
         conversations.append([*messages, {"role": "assistant", "content": renderer.format.render_step(turn.step)}])
@@ -118,7 +120,7 @@ def examples(
 ) -> Iterator[dict[str, Any]]:
     """The SFT rows of one trajectory, in the given form (``context``: documents shown with the question)."""
     if renderer.format.expands_from_context:
-        for number, messages in enumerate(expansions(question, turns, renderer), start=1):
+        for number, messages in enumerate(expansions(question, turns, renderer, context), start=1):
             if form == "transcript":
                 yield {"id": f"{row_id}#step{number}", "messages": messages}
             else:
@@ -159,7 +161,7 @@ def build_sft_data(config: SFTDataConfig) -> dict[str, Any]:
                     renderer.check_tokenization(row["question"], turns)
                     checked = True
                 if renderer.format.expands_from_context:  # one example per step: the longest one counts
-                    conversations = expansions(row["question"], turns, renderer)
+                    conversations = expansions(row["question"], turns, renderer, context)
                     texts = [
                         renderer.generation_prompt(messages[:-1]) + renderer.step(turn.step)
                         for messages, turn in zip(conversations, turns, strict=True)

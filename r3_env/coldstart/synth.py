@@ -36,7 +36,7 @@ from r3_env.data import JsonlWriter, existing_ids, iter_jsonl, write_jsonl
 from r3_env.env import EnvConfig, RetrievalEnv
 from r3_env.episode import Outcome, classify
 from r3_env.protocol import MessageRenderer, get_format
-from r3_env.records import episode_fields, play, turns_of
+from r3_env.records import episode_fields, play, question_documents_of, turns_of
 from r3_env.retrieval.base import Hit
 from r3_env.retrieval.client import RetrievalServiceError
 from r3_env.reward_client import AsyncRewardClient, RewardServiceError, check_answer
@@ -125,8 +125,10 @@ def few_shot_messages(path: str, count: int, renderer: MessageRenderer) -> list[
     for shown, (number, row) in enumerate(iter_jsonl(path)):
         if shown == count:
             break
-        turns = renderer.format.express_turns(turns_of(row, f"{path}:{number}"))
-        messages += [m for m in renderer.messages(row["question"], turns) if m["role"] != "system"]
+        where = f"{path}:{number}"
+        turns = renderer.format.express_turns(turns_of(row, where))
+        context = question_documents_of(row, where)
+        messages += [m for m in renderer.messages(row["question"], turns, context=context) if m["role"] != "system"]
     if not messages:
         raise ValueError(f"teacher.few_shot: {path} holds no trajectory")
     return messages

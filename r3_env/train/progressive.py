@@ -119,6 +119,11 @@ class ProgressiveTrainer:
                 "R2AG trains one expansion step per sample: set policy.step_format multi_query and env.max_steps 1 "
                 "(recipes/r2ag.yaml)"
             )
+        if rollout.env.question_docs:
+            raise ConfigError(
+                "env.question_docs: R2AG's rounds start from the gold documents their tree found, which the tree "
+                "retrieves without the question's own documents; leave env.question_docs at 0"
+            )
         missing = [name for name in ("survivors_base", "survivors_predicted") if name not in rollout.reward.options]
         if missing:
             raise ConfigError(
