@@ -27,13 +27,14 @@ import logging
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from eval.metrics import matched_k
 from eval.report_page import PAGE_SCRIPT, PAGE_STYLE
 from r3_env.data import Passage, iter_jsonl
+from r3_env.env import EnvConfig
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,9 @@ COUNT_DECIMALS = {"avg_docs": 1, "avg_steps": 1, "avg_retrievals": 2, "iteration
 AVERAGE = "average"
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f")
 DOC_CHARS = 2000  # document text kept per retrieved passage in the page (the page shows 300, more on request)
+# the browser's first step of an episode that retrieved with the question before the policy's first step
+QUESTION_SEARCH = "(the environment, before the first step: env.question_docs)"
+ENV_DEFAULTS = {item.name: item.default for item in fields(EnvConfig)}
 
 
 @dataclass
@@ -77,7 +81,9 @@ class Run:
 
     @property
     def env(self) -> dict[str, Any]:
-        return self.info.get("env") or {}
+        """The run's episode rules; a rule added after the run was recorded ran at its default."""
+        recorded = self.info.get("env") or {}
+        return {**ENV_DEFAULTS, **recorded} if recorded else {}
 
     @property
     def topk(self) -> int | None:
@@ -194,6 +200,7 @@ def _run_summary(run: Run) -> dict[str, Any]:
         "engine": run.info.get("engine", "?"),
         "topk": run.topk,
         "max_steps": (run.info.get("tree") or {}).get("max_iterations") or run.env.get("max_steps"),
+        "question_docs": run.env.get("question_docs"),
         "judge": run.scores.get("judge"),
         "questions": sum(data.get("questions", 0) for data in run.scores["datasets"].values()),
         "folder": str(run.folder),
@@ -498,7 +505,7 @@ def _html_scores(element_id: str, rows: list[dict[str, Any]], datasets: list[str
 
 
 def _html_runs(runs: list[dict[str, Any]]) -> str:
-    keys = ("run", "name", "model", "engine", "topk", "max_steps", "judge", "questions")
+    keys = ("run", "name", "model", "engine", "topk", "max_steps", "question_docs", "judge", "questions")
     head = "".join(f"<th>{key.replace('_', ' ')}</th>" for key in keys)
     body = "".join(
         "<tr>" + "".join(f"<td>{_e('–' if run[key] is None else run[key])}</td>" for key in keys) + "</tr>"
@@ -507,17 +514,21 @@ def _html_runs(runs: list[dict[str, Any]]) -> str:
     return f'<table id="runs-table" class="runs"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
+def _docs(documents: list[dict[str, Any]], gold: set[str]) -> list[dict[str, Any]]:
+    passages = [Passage(str(doc.get("id", "?")), str(doc.get("contents", ""))) for doc in documents]
+    return [{"id": p.id, "title": p.title, "text": p.text[:DOC_CHARS], "gold": p.id in gold} for p in passages]
+
+
 def _steps(row: dict[str, Any]) -> list[dict[str, Any]]:
     gold = set(map(str, row.get("gold_ids") or ()))
     steps = []
+    if row.get("question_documents"):  # env.question_docs: the environment searched the question first
+        steps.append({"analysis": QUESTION_SEARCH, "query": row.get("question"), "answer": None,
+                      "docs": _docs(row["question_documents"], gold)})  # fmt: skip
     for step in row.get("steps") or ():
-        passages = [
-            Passage(str(doc.get("id", "?")), str(doc.get("contents", ""))) for doc in step.get("documents") or ()
-        ]
         steps.append({
             "analysis": step.get("analysis") or "", "query": step.get("query"), "answer": step.get("answer"),
-            "docs": [{"id": p.id, "title": p.title, "text": p.text[:DOC_CHARS], "gold": p.id in gold}
-                     for p in passages],
+            "docs": _docs(step.get("documents") or [], gold),
         })  # fmt: skip
     return steps
 

@@ -690,3 +690,17 @@ def test_the_learned_panel_renders_first_in_headless_chromium(root, tmp_path):
     assert headings[0] == "What was learned", headings[:3]
     assert dom.count('class="learned-column"') == 3 and "Where was the director of Blue Harbour born?" in dom
     assert shot.exists() and shot.stat().st_size > 10_000
+
+
+def test_an_episode_that_searched_the_question_first_shows_that_search_and_old_runs_read_at_the_defaults(tmp_path):
+    """env.question_docs: the browser's first step is the environment's search, its gold marked; a run recorded
+    before the rule existed reads as run at its default."""
+    from eval.report import QUESTION_SEARCH, Run, _steps
+
+    row = {"question": "Q?", "gold_ids": ["g"], "question_documents": [{"id": "g", "contents": "Title\nText"}],
+           "steps": [{"analysis": "It says so.", "answer": "A"}]}  # fmt: skip
+    first, last = _steps(row)
+    assert (first["analysis"], first["query"], first["docs"][0]["gold"]) == (QUESTION_SEARCH, "Q?", True)
+    assert last["answer"] == "A" and len(_steps({**row, "question_documents": []})) == 1
+    old = Run(tmp_path, {"run": {"env": {"max_steps": 5, "topk": 5}}})
+    assert old.env["question_docs"] == 0 and old.topk == 5 and Run(tmp_path, {"run": {}}).env == {}
