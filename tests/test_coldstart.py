@@ -21,6 +21,7 @@ from conftest import ROOT, InThreadServer, answer_step, query_step, run_r3rag
 from fastapi import Request
 
 from r3_env.chat_client import RateLimiter
+from r3_env.coldstart.scripted import OPENINGS_AFTER_QUESTION
 from r3_env.coldstart.synth import SynthConfig, best_of_n, synthesize
 from r3_env.coldstart.teacher import TeacherConfig, TeacherError
 from r3_env.env import EnvConfig
@@ -274,6 +275,7 @@ def test_under_question_docs_the_scripted_teacher_searches_only_for_what_they_mi
     samples = read_rows(tmp_path / "cs" / "samples.jsonl")
     assert len(samples) == 40 and not [s for s in samples if s["outcome"] == "format_error"]
     questions = {r["question"]: r for r in rows(world)}
+    openers = tuple(opening.split("{")[0] for opening in OPENINGS_AFTER_QUESTION)
     direct = 0
     for sample in samples:
         shown = {d["id"] for d in sample["question_documents"]}
@@ -283,6 +285,8 @@ def test_under_question_docs_the_scripted_teacher_searches_only_for_what_they_mi
         if not queries:
             direct += 1
             assert gold <= shown and sample["outcome"] == "correct"
+        else:  # the first search says what the documents shown with the question lack
+            assert sample["steps"][0]["analysis"].startswith(openers)
     assert direct > 0
 
 

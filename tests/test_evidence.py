@@ -128,3 +128,24 @@ def test_a_step_aims_at_the_first_hop_no_earlier_step_showed():
     # documents shown with the question (env.question_docs) answered hop a: the first step aims at b
     assert aimed_hops(hops, [{"2"}], shown_first={"1"}) == ([hops[1]], [hops[2]])
     assert aimed_hops(hops, [], shown_first={"1", "2", "3"}) == ([], [])
+
+
+def test_documents_shown_with_the_question_count_as_found_and_the_first_step_says_so():
+    """env.question_docs: the evidence teacher aims past the hops those documents answered, or answers at once
+    (with an analysis, which the tags format needs before any search)."""
+    from r3_env.coldstart.evidence import OPENINGS_AFTER_QUESTION, SHOWN_WITH_QUESTION, EvidenceTeacher
+    from r3_env.coldstart.teacher import TeacherConfig, TeacherRequest
+    from r3_env.data import Passage
+
+    item = next(item for item in items_of("2wikimultihopqa") if len(evidence_hops(item)) == 2)
+    first, second = evidence_hops(item)
+    teacher = EvidenceTeacher(TeacherConfig(kind="evidence"), "tags")
+    found = (Passage(first.gold_id, "Title\nText"),)
+    step = teacher.plan(TeacherRequest([], 0.0, item, [], context=found))
+    openers = tuple(opening.split("{")[0] for opening in OPENINGS_AFTER_QUESTION)
+    assert step.query == second.query and step.analysis.startswith(openers)
+    everything = (*found, Passage(second.gold_id, "Title\nText"))
+    answer = teacher.plan(TeacherRequest([], 0.0, item, [], context=everything))
+    assert answer.answer == item.golden_answers[0] and answer.analysis == SHOWN_WITH_QUESTION
+    tags = get_format("tags")
+    assert tags.read_turn(tags.render_step(answer), after_documents=False) == answer

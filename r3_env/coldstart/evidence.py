@@ -177,6 +177,12 @@ OPENINGS = (
     "To answer it I first need {need}.",
     "Nothing is retrieved yet; the first fact to look up is {need}.",
 )
+# the first step after documents shown with the question (env.question_docs): say what they lack
+OPENINGS_AFTER_QUESTION = (
+    "The documents shown with the question do not give {need}, so I look that up.",
+    "What the documents so far lack is {need}.",
+    "I read the documents shown with the question; the first missing fact is {need}.",
+)
 FOUND = (
     ("The documents give what I was looking for.", "Next I need {need}."),
     ("That search found the passage I needed.", "The next missing fact is {need}."),
@@ -230,6 +236,7 @@ class EvidenceTeacher(PlanningTeacher):
             return Step("The chain of evidence is longer than the steps I may take.", answer="unknown")
         hop = remaining[0]
         if not turns:
-            return Step(rng.choice(OPENINGS).format(need=hop.need), query=hop.query)
+            openings = OPENINGS_AFTER_QUESTION if request.context else OPENINGS
+            return Step(rng.choice(openings).format(need=hop.need), query=hop.query)
         reflection, plan = rng.choice(FOUND)
         return Step(plan.format(need=hop.need), query=hop.query, reflection=reflection)

@@ -59,6 +59,12 @@ OPENINGS = (
     "To answer this I have to break the question into simpler parts. I will start with: {sub}",
     "Nothing has been retrieved yet. The first missing piece of information is: {sub}",
 )
+# the first step after documents shown with the question (env.question_docs): say what they lack
+OPENINGS_AFTER_QUESTION = (
+    "The documents shown with the question do not answer this part yet: {sub}",
+    "I read the documents so far; the first missing piece of information is: {sub}",
+    "Some facts are in the documents already, but not this one: {sub}",
+)
 BROAD = (
     "The question involves several facts; let me first search for it as a whole.",
     "I will begin with a search for the whole question and see what it returns.",
@@ -152,7 +158,8 @@ class ScriptedTeacher(PlanningTeacher):
         fresh = [q for q in wordings if q not in asked]
         query = fresh[0] if not tried else rng.choice(fresh or wordings)
         if not turns:
-            return Step(rng.choice(OPENINGS).format(sub=target.question), query=query)
+            openings = OPENINGS_AFTER_QUESTION if request.context else OPENINGS
+            return Step(rng.choice(openings).format(sub=target.question), query=query)
         if turns[-1].step.query == request.item.question:
             reflection, plan = rng.choice(AFTER_BROAD)
             return Step(plan.format(sub=target.question), query=query, reflection=reflection)
