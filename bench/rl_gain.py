@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import hashlib
 import json
 import logging
@@ -244,13 +243,13 @@ class OtherArm:
 
 def evaluation_rules_differ(result: dict[str, Any], demo_out: Path, env: dict[str, Any]) -> dict[str, Any]:
     """The episode rules under which ``result`` was evaluated that differ from ``env``: {key: its value}."""
-    from r3_env.env import EnvConfig
+    from r3_env.env import env_defaults
 
     run = demo_out / "eval" / Path(result.get("eval_run", "")).name / "run.json"
     if not env or not result.get("eval_run") or not run.is_file():
         return {}
     # a rule newer than that run is at its default there
-    ran = {field.name: field.default for field in dataclasses.fields(EnvConfig)} | json.loads(run.read_text())["env"]
+    ran = env_defaults() | json.loads(run.read_text())["env"]
     return {key: ran.get(key) for key, value in env.items() if ran.get(key) != value}
 
 

@@ -330,8 +330,9 @@ class DemoConfig:
         from r3_env.model_registry import MODELS
         from r3_env.train.model_factory import FACTORY_FILE
 
-        counts = (self.threads, self.sft_epochs, self.ppo_iterations, self.eval_questions, self.lora_rank)
-        if min(*counts, self.question_docs) < 0:
+        counts = (self.threads, self.sft_epochs, self.ppo_iterations, self.eval_questions, self.lora_rank,
+                  self.question_docs)  # fmt: skip
+        if min(counts) < 0:
             raise ValueError("threads and the overrides must be 0 or more")
         if self.sft_lr < 0 or self.actor_lr < 0:
             raise ValueError("sft_lr and actor_lr must be 0 (keep the recipe's) or positive")

@@ -27,14 +27,14 @@ import logging
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from eval.metrics import matched_k
 from eval.report_page import PAGE_SCRIPT, PAGE_STYLE
 from r3_env.data import Passage, iter_jsonl
-from r3_env.env import EnvConfig
+from r3_env.env import env_defaults
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,6 @@ PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e
 DOC_CHARS = 2000  # document text kept per retrieved passage in the page (the page shows 300, more on request)
 # the browser's first step of an episode that retrieved with the question before the policy's first step
 QUESTION_SEARCH = "(the environment, before the first step: env.question_docs)"
-ENV_DEFAULTS = {item.name: item.default for item in fields(EnvConfig)}
 
 
 @dataclass
@@ -83,7 +82,7 @@ class Run:
     def env(self) -> dict[str, Any]:
         """The run's episode rules; a rule added after the run was recorded ran at its default."""
         recorded = self.info.get("env") or {}
-        return {**ENV_DEFAULTS, **recorded} if recorded else {}
+        return {**env_defaults(), **recorded} if recorded else {}
 
     @property
     def topk(self) -> int | None:

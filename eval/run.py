@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from eval.engines import ChatEngine, EngineConfig, EngineError, GenerationConfig, make_chat_engine
 from eval.methods import Method, MethodContext, TreeSettings, get_method
-from r3_env.batching import batched_search
+from r3_env.batching import BatchedSearch
 from r3_env.data import JsonlWriter, existing_ids, read_label
 from r3_env.env import EnvConfig
 from r3_env.protocol import get_format
@@ -392,7 +392,7 @@ async def _evaluate(
             raise
         owned.append(engine)
     busy_before = engine.busy_s
-    search = batched_search(retriever) if method.retrieves else _no_retriever
+    search = BatchedSearch(retriever) if method.retrieves else _no_retriever
     ctx = MethodContext(engine, env, search, config.step_format, config.naive_topk)
     started = time.perf_counter()
     try:

@@ -93,16 +93,29 @@ class Coalescer(Generic[Item, Result]):
         return self.items / self.calls if self.calls else 0.0
 
 
-def batched_search(retriever: Any) -> Callable[[str, int], Awaitable[list[Hit]]]:
-    """``search(query, k)`` that shares one retrieval request among the queries in flight, per k."""
-    batchers: dict[int, Coalescer[str, list[Hit]]] = {}
+class BatchedSearch:
+    """``await search(query, k)``: one coalesced retrieval request per k among the queries in flight."""
 
-    async def search(query: str, k: int) -> list[Hit]:
-        batcher = batchers.get(k)
-        if batcher is None:
-            batcher = batchers[k] = Coalescer(
-                lambda queries: retriever.search(queries, k), 64, 0.005, "retrieval", RetrievalServiceError
+    def __init__(self, retriever: Any, max_batch: int = 64, max_wait_s: float = 0.005) -> None:
+        self.retriever, self.max_batch, self.max_wait_s = retriever, max_batch, max_wait_s
+        self.batchers: dict[int, Coalescer[str, list[Hit]]] = {}
+
+    def batcher(self, k: int) -> Coalescer[str, list[Hit]]:
+        """The coalescer of top-``k`` requests (made on first use)."""
+        if k not in self.batchers:
+            self.batchers[k] = Coalescer(
+                lambda queries: self.retriever.search(queries, k),
+                self.max_batch,
+                self.max_wait_s,
+                "retrieval",
+                RetrievalServiceError,
             )
-        return await batcher.submit(query)
+        return self.batchers[k]
 
-    return search
+    @property
+    def busy_s(self) -> float:
+        """Seconds spent in batched retrieval calls, at every k."""
+        return sum(batcher.busy_s for batcher in self.batchers.values())
+
+    async def __call__(self, query: str, k: int) -> list[Hit]:
+        return await self.batcher(k).submit(query)

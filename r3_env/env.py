@@ -83,6 +83,11 @@ class EnvConfig:
         return self.max_step_tokens + self.think_tokens
 
 
+def env_defaults() -> dict[str, Any]:
+    """Every episode rule at its default: what a run recorded before a rule existed ran under."""
+    return {item.name: item.default for item in fields(EnvConfig)}
+
+
 class StepKind(str, enum.Enum):
     QUERY = "query"
     ANSWER = "answer"

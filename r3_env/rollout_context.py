@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from r3_env.batching import Coalescer
+from r3_env.batching import BatchedSearch, Coalescer
 from r3_env.config import ConfigError
 from r3_env.data import JsonlWriter, Label
 from r3_env.protocol import ChatRenderer, get_format
 from r3_env.retrieval.base import Hit
-from r3_env.retrieval.client import AsyncRetrievalClient, RetrievalServiceError
+from r3_env.retrieval.client import AsyncRetrievalClient
 from r3_env.reward_client import AsyncRewardClient, Judgement, RewardServiceError
 from r3_env.rewards import RewardScheme, get_scheme
 from r3_env.rollout_config import RolloutConfig
@@ -84,8 +84,8 @@ class RolloutContext:
             )
         judge_ = self._judge
         # one coalesced request per depth: the policy's queries (env.topk), the question's own (env.question_docs)
-        self._search_batchers = {k: self._search_batcher(k) for k in {config.env.topk, config.env.question_docs} if k}
-        self.search_batcher = self._search_batchers[config.env.topk]
+        self._search = BatchedSearch(self._retriever, services.max_batch, wait)
+        self.search_batcher = self._search.batcher(config.env.topk)
         self.relevance_batcher: Coalescer[dict, Judgement] = Coalescer(
             lambda items: judge_.relevance(items), services.max_batch, wait, "relevance", RewardServiceError
         )
@@ -136,26 +136,15 @@ class RolloutContext:
         encoder = Encoder(path, sentence_transformer=(Path(path) / "modules.json").is_file())
         return encoder, instruction_prefix(None, path, passage=False)
 
-    def _search_batcher(self, k: int) -> Coalescer[str, list[Hit]]:
-        services = self.config.services
-        return Coalescer(
-            lambda queries: self._retriever.search(queries, k),
-            services.max_batch,
-            services.batch_wait_ms / 1000,
-            "retrieval",
-            RetrievalServiceError,
-        )
-
     @property
     def retrieval_busy_s(self) -> float:
         """Seconds spent in batched retrieval calls, at every depth."""
-        return sum(batcher.busy_s for batcher in self._search_batchers.values())
+        return self._search.busy_s
 
     async def search(self, query: str, k: int) -> list[Hit]:
-        batcher = self._search_batchers.get(k)
-        if batcher is None:
+        if k not in (self.config.env.topk, self.config.env.question_docs):
             raise ValueError(f"top-{k} retrieval was asked, but episodes search only env.topk or env.question_docs")
-        return await batcher.submit(query)
+        return await self._search(query, k)
 
     def query_similarity(self, queries: list[str]) -> float:
         """The mean pairwise cosine similarity of the queries' embeddings (lws's diversity term)."""

@@ -13,7 +13,7 @@ import json
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -122,10 +122,9 @@ def _dotted(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def _added_env_defaults(now: dict[str, Any]) -> dict[str, Any]:
     """The episode rules' defaults among ``now``'s dotted keys: a manifest written before a rule existed
     (``env.question_docs``, ...) ran under its default."""
-    from r3_env.env import EnvConfig
+    from r3_env.env import env_defaults
 
-    defaults = {f"env.{item.name}": item.default for item in fields(EnvConfig)}
-    return {key: value for key, value in defaults.items() if key in now}
+    return {f"env.{key}": value for key, value in env_defaults().items() if f"env.{key}" in now}
 
 
 def check_manifest(manifest: Path, rows: Path, settings: dict[str, Any]) -> None:

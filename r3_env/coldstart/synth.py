@@ -29,7 +29,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from r3_env.batching import Coalescer, batched_search
+from r3_env.batching import BatchedSearch, Coalescer
 from r3_env.chat_client import ChatReply
 from r3_env.coldstart.teacher import Teacher, TeacherConfig, TeacherError, TeacherRequest, make_teacher
 from r3_env.data import JsonlWriter, existing_ids, iter_jsonl, write_jsonl
@@ -156,7 +156,7 @@ class Synthesizer:
         self.renderer = MessageRenderer(config.step_format, doc_chars=env.doc_chars)
         self.examples = few_shot_messages(*few_shot, self.renderer) if few_shot else []
         self.temperatures = config.temperature_list()
-        self._search = batched_search(retriever)
+        self._search = BatchedSearch(retriever)
         self._judge = (
             Coalescer(lambda items: judge.correctness(items), 64, 0.005, "correctness", RewardServiceError)
             if judge is not None
