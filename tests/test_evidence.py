@@ -149,3 +149,15 @@ def test_documents_shown_with_the_question_count_as_found_and_the_first_step_say
     assert answer.answer == item.golden_answers[0] and answer.analysis == SHOWN_WITH_QUESTION
     tags = get_format("tags")
     assert tags.read_turn(tags.render_step(answer), after_documents=False) == answer
+
+
+def test_under_question_docs_both_teachers_decide_between_answering_and_searching_at_one_word():
+    """Every first analysis opens with one sentence and then says "They hold" or "They lack": the policy's
+    choice is one token at the data's odds, not the likeliest of several differently worded openings."""
+    from r3_env.coldstart import evidence, scripted
+    from r3_env.coldstart.teacher import READ_QUESTION_DOCS
+
+    for teacher in (evidence, scripted):
+        assert teacher.SHOWN_WITH_QUESTION.startswith(f"{READ_QUESTION_DOCS} They hold ")
+        for opening in teacher.OPENINGS_AFTER_QUESTION:
+            assert opening.startswith(f"{READ_QUESTION_DOCS} They lack ")

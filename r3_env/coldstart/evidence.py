@@ -28,7 +28,7 @@ import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from r3_env.coldstart.teacher import PlanningTeacher, TeacherRequest
+from r3_env.coldstart.teacher import READ_QUESTION_DOCS, PlanningTeacher, TeacherRequest
 from r3_env.data import QAItem
 from r3_env.protocol import Step
 
@@ -178,10 +178,9 @@ OPENINGS = (
     "Nothing is retrieved yet; the first fact to look up is {need}.",
 )
 # the first step after documents shown with the question (env.question_docs): say what they lack
-OPENINGS_AFTER_QUESTION = (
-    "The documents shown with the question do not give {need}, so I look that up.",
-    "What the documents so far lack is {need}.",
-    "I read the documents shown with the question; the first missing fact is {need}.",
+OPENINGS_AFTER_QUESTION = tuple(
+    f"{READ_QUESTION_DOCS} They lack {rest}"
+    for rest in ("{need}, so I look that up.", "{need}; I search for that first.", "{need}.")
 )
 FOUND = (
     ("The documents give what I was looking for.", "Next I need {need}."),
@@ -193,7 +192,7 @@ FINAL = (
     "Putting the retrieved evidence together{facts}, the answer is {answer}.",
 )
 # the analysis of an answer before any search: the documents shown with the question held every fact
-SHOWN_WITH_QUESTION = "The documents shown with the question hold what it asks."
+SHOWN_WITH_QUESTION = f"{READ_QUESTION_DOCS} They hold what it asks."
 MISSED = "The documents for my last query do not contain what I needed, and I cannot go on from them."
 
 

@@ -22,7 +22,7 @@ import random
 import zlib
 from dataclasses import dataclass
 
-from r3_env.coldstart.teacher import PlanningTeacher, TeacherRequest
+from r3_env.coldstart.teacher import READ_QUESTION_DOCS, PlanningTeacher, TeacherRequest
 from r3_env.protocol import Step
 
 # How the world's relation names read in a sentence ("the founder of X", not "the founded by of X").
@@ -60,10 +60,9 @@ OPENINGS = (
     "Nothing has been retrieved yet. The first missing piece of information is: {sub}",
 )
 # the first step after documents shown with the question (env.question_docs): say what they lack
-OPENINGS_AFTER_QUESTION = (
-    "The documents shown with the question do not answer this part yet: {sub}",
-    "I read the documents so far; the first missing piece of information is: {sub}",
-    "Some facts are in the documents already, but not this one: {sub}",
+OPENINGS_AFTER_QUESTION = tuple(
+    f"{READ_QUESTION_DOCS} They lack {rest}"
+    for rest in ("this part: {sub}", "the first missing piece of information: {sub}", "one fact still: {sub}")
 )
 BROAD = (
     "The question involves several facts; let me first search for it as a whole.",
@@ -92,7 +91,7 @@ MISSED = (
 )
 NOT_FOUND = ("The documents do not hold what I need yet.", "The retrieved documents are not about it.")
 # the analysis of an answer before any search: the documents shown with the question held every fact
-SHOWN_WITH_QUESTION = "The documents shown with the question hold every fact I need."
+SHOWN_WITH_QUESTION = f"{READ_QUESTION_DOCS} They hold every fact I need."
 FINAL = (
     "I now have every piece: {facts}. Therefore the answer is {answer}.",
     "Combining the evidence ({facts}), the answer to the question is {answer}.",

@@ -81,6 +81,13 @@ class TeacherConfig:
             raise ValueError(f"detour_rate must be between 0 and 1, got {self.detour_rate}")
 
 
+# The first analysis under env.question_docs, in both planning teachers: every chain opens with this
+# sentence and then decides in one word, "They hold" (answer now) or "They lack" (search). With one
+# shared opening the policy's choice is made at that word, at the data's own odds; with openings worded
+# apart, greedy decoding took the direct answer's single wording on almost every question.
+READ_QUESTION_DOCS = "I read the documents shown with the question."
+
+
 @dataclass(frozen=True)
 class TeacherRequest:
     """What a teacher sees: the chat so far, and for a scripted teacher the item and the real documents."""
