@@ -21,7 +21,7 @@ from conftest import ROOT, InThreadServer, answer_step, query_step, run_r3rag
 from fastapi import Request
 
 from r3_env.chat_client import RateLimiter
-from r3_env.coldstart.scripted import OPENINGS_AFTER_QUESTION
+from r3_env.coldstart.scripted import OPENINGS_AFTER_QUESTION, SHOWN_WITH_QUESTION
 from r3_env.coldstart.synth import SynthConfig, best_of_n, synthesize
 from r3_env.coldstart.teacher import TeacherConfig, TeacherError
 from r3_env.env import EnvConfig
@@ -285,6 +285,7 @@ def test_under_question_docs_the_scripted_teacher_searches_only_for_what_they_mi
         if not queries:
             direct += 1
             assert gold <= shown and sample["outcome"] == "correct"
+            assert sample["steps"][0]["analysis"].startswith(SHOWN_WITH_QUESTION)  # the decision comes first
         else:  # the first search says what the documents shown with the question lack
             assert sample["steps"][0]["analysis"].startswith(openers)
     assert direct > 0

@@ -148,6 +148,17 @@ class Turn:
 OUT_OF_SEARCHES = "No searches are left, so I answer from the documents found so far."
 
 
+def folded_analysis(step: Step) -> str:
+    """A step's reflection and analysis as one analysis, in the order the tags format writes them.
+
+    A search step reflects on the documents before it, then plans; an answer step reasons, then concludes.
+    So an answer given before any search opens with its analysis ("I read the documents shown with the
+    question. They hold ..."), which is where the teachers put the choice between answering and searching.
+    """
+    parts = (step.analysis, step.reflection) if step.is_final else (step.reflection, step.analysis)
+    return " ".join(part for part in parts if part)
+
+
 class StepFormat(ABC):
     """How one step, the question and a block of documents look as text.
 
@@ -164,8 +175,7 @@ class StepFormat(ABC):
         """``step`` as this format can write it: a format without a reflection section folds it into the analysis."""
         if step.reflection is None:
             return step
-        analysis = " ".join(part for part in (step.reflection, step.analysis) if part)
-        return Step(analysis, query=step.query, answer=step.answer)
+        return Step(folded_analysis(step), query=step.query, answer=step.answer)
 
     def express_turns(self, turns: Sequence[Turn]) -> list[Turn]:
         """A trajectory as this format writes it (:meth:`express` on every step, documents kept)."""

@@ -26,6 +26,7 @@ from r3_env.protocol.base import (
     FormatReason,
     Step,
     StepFormat,
+    folded_analysis,
     normalize_newlines,
     parse_document_blocks,
     register_format,
@@ -59,7 +60,7 @@ class MultiQueryFormat(StepFormat):
         """A single-query step as one base query; an answer as the stop signal (enough was found to answer)."""
         if step.query is None and step.answer is None:
             return step
-        analysis = " ".join(part for part in (step.reflection, step.analysis) if part)
+        analysis = folded_analysis(step)
         if step.query is not None:
             return Step(analysis, queries=(step.query,))
         return Step(analysis or "The documents found so far are enough to answer.", stop=True)
