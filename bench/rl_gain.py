@@ -13,8 +13,9 @@ continues SFT from it). The arms:
 - ``sft``: the start itself (evaluated once: greedy decoding has no seed);
 - ``sft_more``: SFT continued on the demo's cold-start SFT data for the wall time the RL arms took at
   the same seed (their mean, read from their saved timings; ``--sft_more_seconds`` sets it): one epoch
-  over as many passes of the examples as fit in it at the demo's own SFT speed, whole copies and then a
-  seeded share for the fraction (the compute control; its own wall time is reported beside the RL arms');
+  over as many passes of the examples as fit in it at the arm's own SFT speed (timed first on a few steps
+  under the same ``--set``), whole copies and then a seeded share for the fraction (the compute control;
+  its own wall time is reported beside the RL arms');
 - ``rl_process``: PPO with the R3 reward (``reward.scheme r3``: per-step relevance, outcome-scaled);
 - ``rl_outcome``: PPO with the outcome reward (``reward.scheme outcome``), everything else equal;
 - ``rl_gold``: PPO with the R3 reward whose per-step relevance comes from the labels, not a judge
@@ -322,8 +323,8 @@ def evaluation_run_prefix(out: Path) -> str:
     return f"rl_gain_{hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:8]}_"
 
 
-# --set keys that change how fast SFT runs (bench/sft_speed.py), so sft_more's plan at the demo's speed is off
-SFT_SPEED_KEYS = ("model.trainable_layers", "model.mixed_precision", "model.lora_rank", "sft.micro_batch_size")
+# optimizer steps of the short SFT run that times sft_more's settings before its passes are planned
+CALIBRATION_STEPS = 4
 
 
 def sft_passes(rows: list[dict[str, Any]], passes: float, seed: int) -> list[dict[str, Any]]:
@@ -479,7 +480,6 @@ class RLGain:
         target = self.sft_more_seconds(seed)
         demo_train = json.loads((self.demo.out / "train" / CONFIG_FILE).read_text())
         data = demo_train["sft"]["data"]
-        per_epoch = sft_seconds_per_epoch(self.demo.out / "train")
         folder = self.folder("sft_more", seed)
         examples = folder / "sft.jsonl"
         saved = folder / "plan.json"  # fixed once: a resumed run keeps it
@@ -489,26 +489,42 @@ class RLGain:
                 sys.exit(f"{saved} is an older bench's plan in whole epochs: give another --out, or delete "
                          f"{folder} to plan it again")  # fmt: skip
         else:
-            # one epoch over as many passes of the examples as fit in the target at the demo's SFT speed
+            # one epoch over as many passes of the examples as fit in the target at this arm's own SFT speed
             from r3_env.data import iter_jsonl, write_jsonl
 
             rows = [row for _, row in iter_jsonl(data)]
+            per_epoch = self.sft_seconds_per_epoch(rows, folder / "speed", seed)
             passes = target / per_epoch
-            if not self.args.sft_more_seconds and (faster := [key for key in self.settings if key in SFT_SPEED_KEYS]):
-                logger.warning("sft_more plans its passes at the demo's SFT speed, but --set %s changes how fast SFT "
-                               "runs: its wall time will differ from the RL arms' (the table gives both), unless "
-                               "--sft_more_seconds is scaled by the speed ratio", ", ".join(faster))  # fmt: skip
             chosen = sft_passes(rows, passes, seed)
             write_jsonl(examples, chosen)
-            plan = {"target_s": round(target, 1), "demo_sft_s_per_epoch": round(per_epoch, 1),
+            plan = {"target_s": round(target, 1), "sft_s_per_epoch": round(per_epoch, 1),
                     "passes": round(passes, 3), "examples": len(chosen), "of": len(rows)}  # fmt: skip
             saved.write_text(json.dumps(plan) + "\n")
+        per_epoch = plan.get("sft_s_per_epoch", plan.get("demo_sft_s_per_epoch"))  # the latter: an older bench's plan
         logger.info("sft_more seed %d: %.2f passes over the %d examples of %s (one epoch of %d) to match %.0f s of RL "
-                    "(the demo's SFT: %.0f s an epoch)", seed, plan["passes"], plan["of"], data, plan["examples"],
-                    plan["target_s"], plan["demo_sft_s_per_epoch"])  # fmt: skip
+                    "(SFT under these settings: %.0f s an epoch)", seed, plan["passes"], plan["of"], data,
+                    plan["examples"], plan["target_s"], per_epoch)  # fmt: skip
         config = self.sft_config(examples, folder / "train", seed, 1)
         policy, spent = self.timed(folder, lambda: train_local(config, stages=("sft",))["sft"])
         return policy, spent, plan
+
+    def sft_seconds_per_epoch(self, rows: list[dict[str, Any]], out: Path, seed: int) -> float:
+        """Seconds an epoch of ``rows`` takes under this bench's settings, timed on a short SFT run of
+        CALIBRATION_STEPS optimizer steps from the start. The demo's own SFT speed would misplan it whenever
+        ``--set`` changes how SFT runs (trainable layers, precision, LoRA): on real questions a plan at the
+        demo's LoRA speed spent 344 s of a 920 s target. The short run is not counted as training, and its
+        policy is deleted once timed."""
+        from r3_env.data import write_jsonl
+        from r3_env.train.local import train_local
+
+        config = self.sft_config(out / "sft.jsonl", out / "train", seed, 1)
+        sample = sft_passes(rows, CALIBRATION_STEPS * config.sft.batch_size / len(rows), seed)  # copies if few
+        write_jsonl(out / "sft.jsonl", sample)
+        logger.info("sft_more: timing %d SFT steps under this bench's settings (%s)", CALIBRATION_STEPS, out)
+        train_local(config, stages=("sft",))
+        per_epoch = sft_seconds_per_epoch(out / "train") * len(rows) / len(sample)
+        shutil.rmtree(out)
+        return per_epoch
 
     def sample(self, policy: Path, data: Path, out: Path, seed: int) -> None:
         """Sampled (not greedy) episodes of ``policy`` on ``data`` through the evaluation, scored by the reward
