@@ -493,7 +493,7 @@ class RLGain:
             from r3_env.data import iter_jsonl, write_jsonl
 
             rows = [row for _, row in iter_jsonl(data)]
-            per_epoch = self.sft_seconds_per_epoch(rows, folder / "speed", seed)
+            per_epoch = self.time_sft_epoch(rows, folder / "speed", seed)
             passes = target / per_epoch
             chosen = sft_passes(rows, passes, seed)
             write_jsonl(examples, chosen)
@@ -508,7 +508,7 @@ class RLGain:
         policy, spent = self.timed(folder, lambda: train_local(config, stages=("sft",))["sft"])
         return policy, spent, plan
 
-    def sft_seconds_per_epoch(self, rows: list[dict[str, Any]], out: Path, seed: int) -> float:
+    def time_sft_epoch(self, rows: list[dict[str, Any]], out: Path, seed: int) -> float:
         """Seconds an epoch of ``rows`` takes under this bench's settings, timed on a short SFT run of
         CALIBRATION_STEPS optimizer steps from the start. The demo's own SFT speed would misplan it whenever
         ``--set`` changes how SFT runs (trainable layers, precision, LoRA): on real questions a plan at the

@@ -28,7 +28,7 @@ import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from r3_env.coldstart.teacher import READ_QUESTION_DOCS, PlanningTeacher, TeacherRequest
+from r3_env.coldstart.teacher import QUESTION_DOCS_HOLD, QUESTION_DOCS_LACK, PlanningTeacher, TeacherRequest
 from r3_env.data import QAItem
 from r3_env.protocol import Step
 
@@ -179,7 +179,7 @@ OPENINGS = (
 )
 # the first step after documents shown with the question (env.question_docs): say what they lack
 OPENINGS_AFTER_QUESTION = tuple(
-    f"{READ_QUESTION_DOCS} They lack {rest}"
+    f"{QUESTION_DOCS_LACK} {rest}"
     for rest in ("{need}, so I look that up.", "{need}; I search for that first.", "{need}.")
 )
 FOUND = (
@@ -192,7 +192,7 @@ FINAL = (
     "Putting the retrieved evidence together{facts}, the answer is {answer}.",
 )
 # the analysis of an answer before any search: the documents shown with the question held every fact
-SHOWN_WITH_QUESTION = f"{READ_QUESTION_DOCS} They hold what it asks."
+SHOWN_WITH_QUESTION = f"{QUESTION_DOCS_HOLD} what it asks."
 MISSED = "The documents for my last query do not contain what I needed, and I cannot go on from them."
 
 

@@ -22,7 +22,7 @@ import random
 import zlib
 from dataclasses import dataclass
 
-from r3_env.coldstart.teacher import READ_QUESTION_DOCS, PlanningTeacher, TeacherRequest
+from r3_env.coldstart.teacher import QUESTION_DOCS_HOLD, QUESTION_DOCS_LACK, PlanningTeacher, TeacherRequest
 from r3_env.protocol import Step
 
 # How the world's relation names read in a sentence ("the founder of X", not "the founded by of X").
@@ -61,7 +61,7 @@ OPENINGS = (
 )
 # the first step after documents shown with the question (env.question_docs): say what they lack
 OPENINGS_AFTER_QUESTION = tuple(
-    f"{READ_QUESTION_DOCS} They lack {rest}"
+    f"{QUESTION_DOCS_LACK} {rest}"
     for rest in ("this part: {sub}", "the first missing piece of information: {sub}", "one fact still: {sub}")
 )
 BROAD = (
@@ -91,7 +91,7 @@ MISSED = (
 )
 NOT_FOUND = ("The documents do not hold what I need yet.", "The retrieved documents are not about it.")
 # the analysis of an answer before any search: the documents shown with the question held every fact
-SHOWN_WITH_QUESTION = f"{READ_QUESTION_DOCS} They hold every fact I need."
+SHOWN_WITH_QUESTION = f"{QUESTION_DOCS_HOLD} every fact I need."
 FINAL = (
     "I now have every piece: {facts}. Therefore the answer is {answer}.",
     "Combining the evidence ({facts}), the answer to the question is {answer}.",

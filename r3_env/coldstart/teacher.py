@@ -81,11 +81,13 @@ class TeacherConfig:
             raise ValueError(f"detour_rate must be between 0 and 1, got {self.detour_rate}")
 
 
-# The first analysis under env.question_docs, in both planning teachers: every chain opens with this
+# The first analysis under env.question_docs, in both planning teachers: every chain opens with one
 # sentence and then decides in one word, "They hold" (answer now) or "They lack" (search). With one
 # shared opening the policy's choice is made at that word, at the data's own odds; with openings worded
-# apart, greedy decoding took the direct answer's single wording on almost every question.
+# apart, greedy decoding took the direct answers' wording on almost every question.
 READ_QUESTION_DOCS = "I read the documents shown with the question."
+QUESTION_DOCS_HOLD = f"{READ_QUESTION_DOCS} They hold"  # an answer with no search follows
+QUESTION_DOCS_LACK = f"{READ_QUESTION_DOCS} They lack"  # the first search follows
 
 
 @dataclass(frozen=True)
