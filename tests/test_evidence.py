@@ -153,6 +153,32 @@ def test_documents_shown_with_the_question_count_as_found_and_the_first_step_say
     assert tags.read_turn(tags.render_step(answer), after_documents=False) == answer
 
 
+def test_under_question_docs_every_step_after_documents_opens_alike_and_decides_at_one_word():
+    """After a search's documents the evidence teacher opens with one sentence, then "Now I have" (answer) or
+    "Next I need" (search again): worded three ways, the policy copied its first step's opening instead."""
+    from r3_env.coldstart.evidence import EvidenceTeacher
+    from r3_env.coldstart.teacher import SEARCH_FOUND, TeacherConfig, TeacherRequest
+    from r3_env.data import Passage
+    from r3_env.protocol import Turn
+
+    item = next(item for item in items_of("musique") if len(evidence_hops(item)) == 3)
+    first, second, third = evidence_hops(item)
+    teacher = EvidenceTeacher(TeacherConfig(kind="evidence"), "tags")
+    shown = (Passage(first.gold_id, "Title\nText"),)
+    step1 = teacher.plan(TeacherRequest([], 0.0, item, [], context=shown))
+    turn1 = Turn(step1, (Passage(second.gold_id, "Title\nText"),))
+    step2 = teacher.plan(TeacherRequest([], 0.0, item, [turn1], context=shown))
+    assert step2.query == third.query
+    assert R3.express(step2).analysis == f"{SEARCH_FOUND} Next I need {third.need}."
+    turn2 = Turn(step2, (Passage(third.gold_id, "Title\nText"),))
+    answer = teacher.plan(TeacherRequest([], 0.0, item, [turn1, turn2], context=shown))
+    assert answer.answer == item.golden_answers[0]
+    assert R3.express(answer).analysis.startswith(f"{SEARCH_FOUND} Now I have every fact it needs")
+    # without documents shown with the question the teacher keeps its varied wordings
+    plain = teacher.plan(TeacherRequest([], 0.0, item, [Turn(step1, (Passage(first.gold_id, "Title\nText"),))]))
+    assert not R3.express(plain).analysis.startswith(SEARCH_FOUND)
+
+
 def test_under_question_docs_both_teachers_decide_between_answering_and_searching_at_one_word():
     """Every first analysis opens with one sentence and then says "They hold" or "They lack": the policy's
     choice is one token at the data's odds, not the likeliest of several differently worded openings."""

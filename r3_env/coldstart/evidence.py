@@ -28,7 +28,15 @@ import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from r3_env.coldstart.teacher import QUESTION_DOCS_HOLD, QUESTION_DOCS_LACK, PlanningTeacher, TeacherRequest
+from r3_env.coldstart.teacher import (
+    FOUND_ALL,
+    FOUND_MORE,
+    QUESTION_DOCS_HOLD,
+    QUESTION_DOCS_LACK,
+    SEARCH_FOUND,
+    PlanningTeacher,
+    TeacherRequest,
+)
 from r3_env.data import QAItem
 from r3_env.protocol import Step
 
@@ -191,6 +199,9 @@ FINAL = (
     "The documents hold every fact the question needs{facts}. The answer is {answer}.",
     "Putting the retrieved evidence together{facts}, the answer is {answer}.",
 )
+# after a search's documents under env.question_docs: one opening, then the decision in one word
+FOUND_AFTER_QUESTION = ((SEARCH_FOUND, f"{FOUND_MORE} {{need}}."),)
+FINAL_AFTER_QUESTION = (f"{SEARCH_FOUND} {FOUND_ALL} every fact it needs{{facts}}. The answer is {{answer}}.",)
 # the analysis of an answer before any search: the documents shown with the question held every fact
 SHOWN_WITH_QUESTION = f"{QUESTION_DOCS_HOLD} what it asks."
 MISSED = "The documents for my last query do not contain what I needed, and I cannot go on from them."
@@ -229,7 +240,8 @@ class EvidenceTeacher(PlanningTeacher):
         if not remaining:
             facts = "; ".join(hop.fact for hop in hops if hop.fact)
             answer = request.item.golden_answers[0]
-            final = rng.choice(FINAL).format(facts=f" ({facts})" if facts else "", answer=answer)
+            finals = FINAL_AFTER_QUESTION if request.context and turns else FINAL
+            final = rng.choice(finals).format(facts=f" ({facts})" if facts else "", answer=answer)
             return Step("" if turns else SHOWN_WITH_QUESTION, answer=answer, reflection=final)
         if len(remaining) >= request.max_steps - len(turns):  # the chain does not fit the retrieval budget
             return Step("The chain of evidence is longer than the steps I may take.", answer="unknown")
@@ -237,5 +249,5 @@ class EvidenceTeacher(PlanningTeacher):
         if not turns:
             openings = OPENINGS_AFTER_QUESTION if request.context else OPENINGS
             return Step(rng.choice(openings).format(need=hop.need), query=hop.query)
-        reflection, plan = rng.choice(FOUND)
+        reflection, plan = rng.choice(FOUND_AFTER_QUESTION if request.context else FOUND)
         return Step(plan.format(need=hop.need), query=hop.query, reflection=reflection)

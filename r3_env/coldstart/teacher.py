@@ -88,6 +88,13 @@ class TeacherConfig:
 READ_QUESTION_DOCS = "I read the documents shown with the question."
 QUESTION_DOCS_HOLD = f"{READ_QUESTION_DOCS} They hold"  # an answer with no search follows
 QUESTION_DOCS_LACK = f"{READ_QUESTION_DOCS} They lack"  # the first search follows
+# The same for every step after a search's documents, in the evidence teacher under env.question_docs:
+# one sentence, then "Now I have" (the answer follows) or "Next I need" (another search). With the
+# step after documents worded three ways, the policy copied its first step's opening instead, and
+# repeated its first query.
+SEARCH_FOUND = "The search found what I looked for."  # a search step's reflection, then its analysis:
+FOUND_ALL = "Now I have"  # the answer follows
+FOUND_MORE = "Next I need"  # another search follows
 
 
 @dataclass(frozen=True)
