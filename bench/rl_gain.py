@@ -493,12 +493,16 @@ class RLGain:
             from r3_env.data import iter_jsonl, write_jsonl
 
             rows = [row for _, row in iter_jsonl(data)]
-            per_epoch = self.time_sft_epoch(rows, folder / "speed", seed)
-            passes = target / per_epoch
+            per_epoch, fixed = self.time_sft_epoch(rows, folder / "speed", seed)
+            if target <= fixed:
+                logger.warning("sft_more: loading and saving alone take %.0f s, over the %.0f s target: it trains "
+                               "on one example", fixed, target)  # fmt: skip
+            passes = max(target - fixed, 0.0) / per_epoch or 1 / len(rows)
             chosen = sft_passes(rows, passes, seed)
             write_jsonl(examples, chosen)
             plan = {"target_s": round(target, 1), "sft_s_per_epoch": round(per_epoch, 1),
-                    "passes": round(passes, 3), "examples": len(chosen), "of": len(rows)}  # fmt: skip
+                    "sft_fixed_s": round(fixed, 1), "passes": round(passes, 3), "examples": len(chosen),
+                    "of": len(rows)}  # fmt: skip
             saved.write_text(json.dumps(plan) + "\n")
         per_epoch = plan.get("sft_s_per_epoch", plan.get("demo_sft_s_per_epoch"))  # the latter: an older bench's plan
         logger.info("sft_more seed %d: %.2f passes over the %d examples of %s (one epoch of %d) to match %.0f s of RL "
@@ -508,12 +512,15 @@ class RLGain:
         policy, spent = self.timed(folder, lambda: train_local(config, stages=("sft",))["sft"])
         return policy, spent, plan
 
-    def time_sft_epoch(self, rows: list[dict[str, Any]], out: Path, seed: int) -> float:
-        """Seconds an epoch of ``rows`` takes under this bench's settings, timed on a short SFT run of
-        CALIBRATION_STEPS optimizer steps from the start. The demo's own SFT speed would misplan it whenever
-        ``--set`` changes how SFT runs (trainable layers, precision, LoRA): on real questions a plan at the
-        demo's LoRA speed spent 344 s of a 920 s target. The short run is not counted as training, and its
-        policy is deleted once timed."""
+    def time_sft_epoch(self, rows: list[dict[str, Any]], out: Path, seed: int) -> tuple[float, float]:
+        """(seconds an epoch of ``rows`` takes, seconds a run spends besides its steps) under this bench's
+        settings, timed on a short SFT run of CALIBRATION_STEPS optimizer steps from the start.
+
+        The demo's own SFT speed would misplan it whenever ``--set`` changes how SFT runs (trainable layers,
+        precision, LoRA): on real questions a plan at the demo's LoRA speed spent 344 s of a 920 s target.
+        The fixed part (loading, the first step's warm-up, saving) is planned for too: without it the
+        control ran 28% over its target. The short run is not counted as training, and its policy is
+        deleted once timed."""
         from r3_env.data import write_jsonl
         from r3_env.train.local import train_local
 
@@ -521,10 +528,12 @@ class RLGain:
         sample = sft_passes(rows, CALIBRATION_STEPS * config.sft.batch_size / len(rows), seed)  # copies if few
         write_jsonl(out / "sft.jsonl", sample)
         logger.info("sft_more: timing %d SFT steps under this bench's settings (%s)", CALIBRATION_STEPS, out)
+        started = time.monotonic()
         train_local(config, stages=("sft",))
-        per_epoch = sft_seconds_per_epoch(out / "train") * len(rows) / len(sample)
+        wall = time.monotonic() - started
+        per_sample = sft_seconds_per_epoch(out / "train") / len(sample)
         shutil.rmtree(out)
-        return per_epoch
+        return per_sample * len(rows), max(wall - per_sample * len(sample), 0.0)
 
     def sample(self, policy: Path, data: Path, out: Path, seed: int) -> None:
         """Sampled (not greedy) episodes of ``policy`` on ``data`` through the evaluation, scored by the reward
