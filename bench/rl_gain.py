@@ -41,8 +41,8 @@ one of the choices the question offers, where a guess between two scores about h
 over the arm's seeds first), each arm minus ``sft`` with a paired bootstrap 95% CI that resamples the
 questions and each arm's seeds (``eval.compare.seeded_paired_bootstrap``: a training run is itself a
 draw, and one SFT run's EM varies by 2-5 points on the world), and single-shot BM25 at the same
-documents as a row: the question as the one query, top-K with K the ``rl_process`` arm's mean documents
-read per dataset (``sft``'s without it), retrieval only on the world (Full-Recall), read by the demo's
+documents as rows: the question as the one query, top-K with K the mean documents read per dataset by
+``sft`` and by each RL arm (a row per K), retrieval only on the world (Full-Recall), read by the demo's
 untrained model on real questions (naive RAG, as
 bench/real_data_learning.py does). With ``sft_more`` in OUT, a second table gives every other trained arm
 minus ``sft_more`` per dataset and answer form, the same way: the comparison that says whether RL beat
@@ -650,19 +650,42 @@ class RLGain:
         self.write_result(arm, seed, result)
         return result
 
-    def bm25_row(self, arms: dict[str, list[dict[str, dict[str, Any]]]]) -> tuple[list[dict], dict[str, int]]:
-        """Single-shot BM25 at the reference arm's documents per dataset: (per-question scores, K per dataset)."""
+    def bm25_rows(
+        self, arms: dict[str, list[dict[str, dict[str, Any]]]]
+    ) -> tuple[dict[str, list[dict]], dict[str, dict[str, int]]]:
+        """Single-shot BM25 at the documents each of ``sft`` and the RL arms read, per dataset: ({row label:
+        per-question scores}, {arm: K per dataset}). The goal compares an RL arm's Full-Recall with BM25 at
+        its own documents, which differ from the start's once RL learns to search more or less."""
+        ks = {arm: self.matched_ks(arms[arm]) for arm in arms if arm == "sft" or arm.startswith("rl_")}
+        matching: dict[tuple, list[str]] = defaultdict(list)  # arms that read as many documents
+        for arm, per_dataset in ks.items():
+            matching[tuple(per_dataset.items())].append(arm)
+        rows = {}
+        for per_dataset, names in matching.items():
+            at = ", ".join(f"{name} K={k}" for name, k in per_dataset)
+            rows[f"single-shot BM25 @K ({at}; {', '.join(names)}'s documents)"] = [self.bm25_scores(dict(per_dataset))]
+        return rows, ks
+
+    def matched_ks(self, arm: list[dict[str, dict[str, Any]]]) -> dict[str, int]:
+        """The arm's mean documents read per dataset, as BM25's K."""
         from eval.metrics import matched_k
         from r3_env.runs import dataset_names, dataset_paths
 
-        reference = arms.get("rl_process") or arms["sft"]
+        ks = {}
+        for name in dataset_names(dataset_paths(self.data.eval)):
+            keys = [key for key, info in self.questions.items() if info["dataset"] == name]
+            docs = [d for key in keys if (d := seed_mean(arm, key, "docs")) is not None]
+            ks[name] = matched_k(statistics.fmean(docs) if docs else 1.0)
+        return ks
+
+    def bm25_scores(self, ks: dict[str, int]) -> dict[str, dict[str, Any]]:
+        """Per-question scores of single-shot BM25 at ``ks`` (K per dataset); each (dataset, K) runs once."""
+        from r3_env.runs import dataset_names, dataset_paths
+
         files = dataset_paths(self.data.eval)
         scores: dict[str, dict[str, Any]] = {}
-        ks = {}
         for name, path in zip(dataset_names(files), files, strict=True):
-            keys = [key for key, info in self.questions.items() if info["dataset"] == name]
-            docs = [d for key in keys if (d := seed_mean(reference, key, "docs")) is not None]
-            k = ks[name] = matched_k(statistics.fmean(docs) if docs else 1.0)
+            k = ks[name]
             if self.demo.config.data:  # real questions: the demo's untrained model reads the K documents
                 run = self.evaluate(f"{BM25}_{name}_k{k}_q{self.dev_questions}", self.demo.untrained_policy,
                                     str(path), eval_method="naive_rag", naive_topk=k)  # fmt: skip
@@ -671,7 +694,7 @@ class RLGain:
                                     eval_method="single_shot", naive_topk=k)  # fmt: skip
             mine = {key: info for key, info in self.questions.items() if info["dataset"] == name}
             scores.update(question_scores(run, mine))
-        return [scores], ks
+        return scores
 
 
 def main() -> None:
@@ -796,18 +819,17 @@ def main() -> None:
                 if (saved := bench.read_result(arm, seed, strict=arm in ordered)) is not None:
                     results[arm].append(saved["scores"])
                     per_seed[arm].append(seed_summary(saved))
-        bm25, ks = bench.bm25_row(results)
-    label = f"single-shot BM25 @K ({', '.join(f'{name} K={k}' for name, k in ks.items())})"
+        bm25, ks = bench.bm25_rows(results)
     listed = [arm for arm in ARMS if arm in results]  # this invocation's arms and every other arm saved in OUT
     arms_here = {arm: results[arm] for arm in listed}
-    table_arms = arms_here | {name: other.scores for name, other in others.items()} | {label: bm25}
+    table_arms = arms_here | {name: other.scores for name, other in others.items()} | bm25
     rows = build_table(table_arms, bench.questions, args.resamples)
     world = "real-data eval split" if demo.config.data else "world dev"
     note = (f"{len(bench.questions)} {world} questions, greedy ({args.eval_engine}); RL arms: {bench.iterations} "
             f"PPO iterations x {bench.per_iteration} episodes; Δ: arm minus sft, paired bootstrap 95% CI over the "
             f"questions and each arm's seeds ({args.resamples} resamples), each question averaged over the arm's "
             f"seeds first; closed answers: yes/no or a choice the question offers (a guess scores about half); "
-            f"BM25's K matches {'rl_process' if 'rl_process' in results else 'sft'}'s documents read")  # fmt: skip
+            f"BM25's K matches the documents read by the arms its row names")  # fmt: skip
     table = format_table(rows, note)
     # the goal's second comparison: each trained arm against the compute control, per dataset and answer form
     control = []
