@@ -518,9 +518,9 @@ class RLGain:
 
         The demo's own SFT speed would misplan it whenever ``--set`` changes how SFT runs (trainable layers,
         precision, LoRA): on real questions a plan at the demo's LoRA speed spent 344 s of a 920 s target.
-        The fixed part (loading, the first step's warm-up, saving) is planned for too: without it the
-        control ran 28% over its target. The short run is not counted as training, and its policy is
-        deleted once timed."""
+        The fixed part (loading, the first step's warm-up, saving) comes off the target first: small at
+        SmolLM2's size (15 s on real questions), larger for bigger models. The short run is not counted as
+        training, and its policy is deleted once timed."""
         from r3_env.data import write_jsonl
         from r3_env.train.local import train_local
 
