@@ -494,10 +494,12 @@ class RLGain:
 
             rows = [row for _, row in iter_jsonl(data)]
             per_epoch, fixed = self.time_sft_epoch(rows, folder / "speed", seed)
-            if target <= fixed:
+            if target > fixed:
+                passes = (target - fixed) / per_epoch
+            else:
                 logger.warning("sft_more: loading and saving alone take %.0f s, over the %.0f s target: it trains "
                                "on one example", fixed, target)  # fmt: skip
-            passes = max(target - fixed, 0.0) / per_epoch or 1 / len(rows)
+                passes = 1 / len(rows)
             chosen = sft_passes(rows, passes, seed)
             write_jsonl(examples, chosen)
             plan = {"target_s": round(target, 1), "sft_s_per_epoch": round(per_epoch, 1),

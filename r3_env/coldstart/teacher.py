@@ -92,7 +92,7 @@ QUESTION_DOCS_LACK = f"{READ_QUESTION_DOCS} They lack"  # the first search follo
 # one sentence, then "Now I have" (the answer follows) or "Next I need" (another search). With the
 # step after documents worded three ways, the policy copied its first step's opening instead, and
 # repeated its first query.
-SEARCH_FOUND = "The search found what I looked for."  # a search step's reflection, then its analysis:
+SEARCH_FOUND = "The search found what I looked for."  # opens every step after a search's documents
 FOUND_ALL = "Now I have"  # the answer follows
 FOUND_MORE = "Next I need"  # another search follows
 
