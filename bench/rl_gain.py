@@ -3,7 +3,7 @@
     python bench/rl_gain.py --demo DEMO_OUT [--arms sft,sft_more,rl_process,rl_outcome,rl_gold,rft] [--seeds 0,1,2]
         [--episodes 256] [--dev_questions 200] [--set KEY=VALUE ...] [--eval_engine vllm]
         [--rollout_engine vllm] [--sft_more_seconds S] [--resamples 2000] [--start POLICY] [--against ARM_FOLDER]
-        [--out DEMO_OUT/rl_gain]
+        [--bm25_reader] [--out DEMO_OUT/rl_gain]
 
 DEMO_OUT is a finished ``r3rag demo`` folder (the synthetic world, or real questions with ``--data``);
 its SFT policy is every arm's start, or ``--start``'s saved policy: for example an earlier bench's
@@ -42,9 +42,11 @@ over the arm's seeds first), each arm minus ``sft`` with a paired bootstrap 95% 
 questions and each arm's seeds (``eval.compare.seeded_paired_bootstrap``: a training run is itself a
 draw, and one SFT run's EM varies by 2-5 points on the world), and single-shot BM25 at the same
 documents as rows: the question as the one query, top-K with K the mean documents read per dataset by
-``sft`` and by each RL arm (a row per K), retrieval only on the world (Full-Recall), read by the demo's
-untrained model on real questions (naive RAG, as
-bench/real_data_learning.py does). With ``sft_more`` in OUT, a second table gives every other trained arm
+``sft`` and by each RL arm (a row per K), retrieval only (Full-Recall; with ``--bm25_reader`` on real
+questions the demo's untrained model also reads the documents, naive RAG as bench/real_data_learning.py
+does, for EM and F1). Since an arm's seeds can read different numbers of documents, a last table puts
+each RL run's Full-Recall (the arm over its seeds, and each seed) beside BM25's at that run's own K per
+dataset. With ``sft_more`` in OUT, a second table gives every other trained arm
 minus ``sft_more`` per dataset and answer form, the same way: the comparison that says whether RL beat
 more SFT.
 ``--against ARM_FOLDER`` (repeatable) adds another bench's saved arm on the same questions, for example
@@ -184,6 +186,26 @@ def build_table(
                     )
             rows.append(row)
     return rows
+
+
+def format_versus_bm25(checks: dict[str, dict[str, dict[str, dict[str, float]]]]) -> str:
+    """:meth:`RLGain.versus_bm25` as a markdown table: a run per row, a dataset per column ("" without RL arms)."""
+    datasets = list(dict.fromkeys(name for runs in checks.values() for run in runs.values() for name in run))
+    if not datasets:
+        return ""
+    lines = ["Full-Recall % of each RL run against single-shot BM25 at the run's own documents (K: its mean "
+             "documents per dataset, rounded):", "", f"| run | {' | '.join(datasets)} |",
+             f"|---|{'---|' * len(datasets)}"]  # fmt: skip
+    for arm, runs in checks.items():
+        for label, per_dataset in runs.items():
+            cells = []
+            for name in datasets:
+                check = per_dataset[name]
+                diff = 100 * (check["full_recall"] - check["bm25_full_recall"])
+                cells.append(f"{100 * check['full_recall']:.1f} vs {100 * check['bm25_full_recall']:.1f} at K = "
+                             f"{check['k']} ({diff:+.1f}{', below' if diff < 0 else ''})")  # fmt: skip
+            lines.append(f"| {arm}, {label} | {' | '.join(cells)} |")
+    return "\n".join(lines) + "\n"
 
 
 def format_table(rows: list[dict[str, Any]], note: str = "", base: str = "sft") -> str:
@@ -668,6 +690,33 @@ class RLGain:
             rows[f"single-shot BM25 @K ({at}; {', '.join(names)}'s documents)"] = [self.bm25_scores(dict(per_dataset))]
         return rows, ks
 
+    def versus_bm25(
+        self, arms: dict[str, list[dict[str, dict[str, Any]]]], seeds: dict[str, list[int | None]]
+    ) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
+        """Each RL arm's Full-Recall per dataset beside single-shot BM25's at its own documents: {arm: {run:
+        {dataset: {k, full_recall, bm25_full_recall}}}}, the run being the arm over its seeds and, with more
+        than one, each seed alone. Seeds that learned to search more or less read different numbers of
+        documents, so a K from their mean can match none of them; the goal asks for each run's own."""
+        checks: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
+        for arm in (arm for arm in arms if arm.startswith("rl_")):
+            runs = {f"{len(arms[arm])} seeds": arms[arm]} if len(arms[arm]) > 1 else {}
+            runs |= {f"seed {seed}": [scores] for seed, scores in zip(seeds[arm], arms[arm], strict=True)}
+            checks[arm] = {}
+            for label, per_seed in runs.items():
+                ks = self.matched_ks(per_seed)
+                bm25 = self.bm25_scores(ks)
+                checks[arm][label] = {}
+                for name, k in ks.items():
+                    keys = [key for key, info in self.questions.items() if info["dataset"] == name]
+                    mine = [v for key in keys if (v := seed_mean(per_seed, key, "full_recall")) is not None]
+                    theirs = [bm25[key]["full_recall"] for key in keys if scored(bm25, key, "full_recall")]
+                    checks[arm][label][name] = {
+                        "k": k,
+                        "full_recall": statistics.fmean(mine) if mine else 0.0,
+                        "bm25_full_recall": statistics.fmean(theirs) if theirs else 0.0,
+                    }
+        return checks
+
     def matched_ks(self, arm: list[dict[str, dict[str, Any]]]) -> dict[str, int]:
         """The arm's mean documents read per dataset, as BM25's K."""
         from eval.metrics import matched_k
@@ -681,17 +730,20 @@ class RLGain:
         return ks
 
     def bm25_scores(self, ks: dict[str, int]) -> dict[str, dict[str, Any]]:
-        """Per-question scores of single-shot BM25 at ``ks`` (K per dataset); each (dataset, K) runs once."""
+        """Per-question scores of single-shot BM25 at ``ks`` (K per dataset); each (dataset, K) runs once.
+        Retrieval only (Full-Recall, in seconds), unless ``--bm25_reader`` on real questions: then the demo's
+        untrained model reads the K documents (naive RAG) for EM and F1 too, about 25 minutes per K over the
+        508 real eval questions on 2 cores. The world's untrained policy is random, so it never reads them."""
         from r3_env.runs import dataset_names, dataset_paths
 
         files = dataset_paths(self.data.eval)
         scores: dict[str, dict[str, Any]] = {}
         for name, path in zip(dataset_names(files), files, strict=True):
             k = ks[name]
-            if self.demo.config.data:  # real questions: the demo's untrained model reads the K documents
-                run = self.evaluate(f"{BM25}_{name}_k{k}_q{self.dev_questions}", self.demo.untrained_policy,
+            if self.demo.config.data and self.args.bm25_reader:
+                run = self.evaluate(f"{BM25}_rag_{name}_k{k}_q{self.dev_questions}", self.demo.untrained_policy,
                                     str(path), eval_method="naive_rag", naive_topk=k)  # fmt: skip
-            else:  # the world's untrained policy is random: retrieval only
+            else:
                 run = self.evaluate(f"{BM25}_{name}_k{k}_q{self.dev_questions}", self.start, str(path),
                                     eval_method="single_shot", naive_topk=k)  # fmt: skip
             mine = {key: info for key, info in self.questions.items() if info["dataset"] == name}
@@ -728,6 +780,12 @@ def main() -> None:
         type=float,
         default=0.0,
         help="sft_more's wall time (0: the RL arms' mean, from their saved timings)",
+    )
+    parser.add_argument(
+        "--bm25_reader",
+        action="store_true",
+        help="real questions: the demo's untrained model also reads the BM25 rows' documents (naive RAG) for EM "
+        "and F1, about 25 min per K over 508 questions on 2 cores (default: retrieval only, Full-Recall)",
     )
     parser.add_argument("--rft_temperature", type=float, default=1.0, help="rft's sampling temperature")
     parser.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples of the questions")
@@ -822,6 +880,7 @@ def main() -> None:
                     results[arm].append(saved["scores"])
                     per_seed[arm].append(seed_summary(saved))
         bm25, ks = bench.bm25_rows(results)
+        versus = bench.versus_bm25(results, {arm: [m["seed"] for m in per_seed[arm]] for arm in results})
     listed = [arm for arm in ARMS if arm in results]  # this invocation's arms and every other arm saved in OUT
     arms_here = {arm: results[arm] for arm in listed}
     table_arms = arms_here | {name: other.scores for name, other in others.items()} | bm25
@@ -844,6 +903,8 @@ def main() -> None:
         against[name] = comparison_rows(arms_here | {name: other.scores}, bench.questions, args.resamples, name)
         caption = f"{name}: {against_folders[name]}; Δ: arm minus it, the same paired bootstrap"
         table += "\n" + format_table(against[name], caption, base=name)
+    if versus:
+        table += "\n" + format_versus_bm25(versus)
     table += "\nEach seed's means over every question (EM %, F1 %, training wall time):\n\n"
     for arm in (arm for arm in ARMS if arm in per_seed):
         cells = [f"seed {'-' if m['seed'] is None else m['seed']}: {100 * m['em']:.1f}, {100 * m['f1']:.1f}, "
@@ -853,7 +914,7 @@ def main() -> None:
     seeds = {arm: len(saved) for arm, saved in results.items()}
     summary = {"demo": str(Path(args.demo).resolve()), "arms": listed, "seeds": seeds,
                "questions": len(bench.questions), "episodes": bench.iterations * bench.per_iteration,
-               "bm25_k": ks, "per_seed": per_seed, "rows": rows, "vs_sft_more": control,
+               "bm25_k": ks, "vs_bm25": versus, "per_seed": per_seed, "rows": rows, "vs_sft_more": control,
                "against": against, "against_folders": against_folders,
                "seconds": round(time.perf_counter() - started)}  # fmt: skip
     (out / "rl_gain.json").write_text(json.dumps(summary, indent=2) + "\n")

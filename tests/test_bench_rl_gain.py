@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import subprocess
 import sys
 from collections import Counter
@@ -20,6 +21,7 @@ from rl_gain import (
     comparison_rows,
     evaluation_run_prefix,
     format_table,
+    format_versus_bm25,
     read_other_arm,
     sft_passes,
 )
@@ -127,6 +129,15 @@ def test_the_control_table_takes_each_trained_arm_minus_sft_more_per_answer_form
     text = format_table([by["rl_gold"]], base="sft_more")
     assert "### a against sft_more" in text and "ΔEM vs sft_more [95% CI]" in text
     assert "| rl_gold | 1 | 2 | 100.0 | +50.0 [" in text
+
+
+def test_each_rl_run_is_set_beside_bm25_at_its_own_documents_and_a_run_below_it_is_flagged():
+    checks = {"rl_gold": {"seed 2": {"hotpotqa": {"k": 6, "full_recall": 0.576, "bm25_full_recall": 0.606},
+                                     "2wiki": {"k": 6, "full_recall": 0.358, "bm25_full_recall": 0.301}}}}  # fmt: skip
+    table = format_versus_bm25(checks)
+    assert "| run | hotpotqa | 2wiki |" in table
+    assert "| rl_gold, seed 2 | 57.6 vs 60.6 at K = 6 (-3.0, below) | 35.8 vs 30.1 at K = 6 (+5.7) |" in table
+    assert format_versus_bm25({}) == ""  # no RL arm: no table
 
 
 def test_another_benchs_arm_is_read_with_its_seeds_and_refused_off_this_demo_or_its_questions(tmp_path):
@@ -289,6 +300,19 @@ def test_every_arm_trains_from_the_sft_policy_and_the_table_has_their_rows_and_c
     assert set(sft["diff"]) == {"em", "f1", "full_recall", "docs", "answered", "format_error"}
     bm25 = rows[6]
     assert bm25["mean"]["em"] is None and "em" not in bm25["diff"] and 0 <= bm25["mean"]["full_recall"] <= 1
+    # each RL run's Full-Recall beside BM25's at its own documents: the arm over its seeds, and each seed alone
+    versus = summary["vs_bm25"]
+    assert list(versus) == ["rl_process", "rl_outcome", "rl_gold"]
+    bm25_rows = {row["arm"]: row["mean"]["full_recall"] for row in rows[6:]}
+    for arm, runs in versus.items():
+        assert list(runs) == ["2 seeds", "seed 0", "seed 1"]
+        assert all(run["world"]["k"] >= 1 and 0 <= run["world"]["bm25_full_recall"] <= 1 for run in runs.values())
+        seed0 = json.loads((out / arm / "seed0" / "result.json").read_text())["scores"].values()
+        assert runs["seed 0"]["world"]["full_recall"] == pytest.approx(
+            statistics.fmean(row["full_recall"] for row in seed0))  # fmt: skip
+        # over its seeds, it reads the same documents as its row in the main table
+        mine = [value for label, value in bm25_rows.items() if f" {arm}" in label or f"; {arm}" in label]
+        assert mine == [pytest.approx(runs["2 seeds"]["world"]["bm25_full_recall"])]
     for arm in ARMS[1:]:
         for seed in (0, 1):
             result = json.loads((out / arm / f"seed{seed}" / "result.json").read_text())
@@ -314,6 +338,7 @@ def test_every_arm_trains_from_the_sft_policy_and_the_table_has_their_rows_and_c
     assert rft["episodes"] == 16 and 0 <= rft["correct"] <= 16
     table = (out / "rl_gain.md").read_text()
     assert table in first.stdout and "| rl_outcome | 2 | 6 |" in table and "Δ" in table
+    assert "| rl_gold, seed 1 | " in table and "at the run's own documents" in table
 
     mtimes = {path: path.stat().st_mtime for path in out.glob("*/seed*/result.json")}
     again = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT)
