@@ -119,7 +119,7 @@ setup(
     install_requires=CORE,
     extras_require={"cpu": CPU, "gpu": GPU, "test": TEST},
     entry_points={
-        "console_scripts": ["r3rag = r3_env.cli:main"],
+        "console_scripts": ["r3rag = r3_env.cli:run"],
         # Each package adds its own subcommands here; r3_env.cli discovers them by this group,
         # so r3_env never imports reward_server or eval.
         "r3rag.commands": [

@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 from demo_learning import policy_rewards  # noqa: E402
 
 from demo.run import Demo  # noqa: E402
+from r3_env.allocator import keep_freed_memory  # noqa: E402
 from r3_env.config import ConfigError  # noqa: E402
 
 
@@ -130,4 +131,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    keep_freed_memory()  # PyTorch's buffers kept between steps: r3_env/allocator.py
     main()

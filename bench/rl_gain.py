@@ -86,6 +86,7 @@ from ppo_ablation import parse_settings  # noqa: E402
 
 from demo.run import Demo  # noqa: E402
 from eval.compare import question_scores, question_set, seeded_paired_bootstrap  # noqa: E402
+from r3_env.allocator import keep_freed_memory  # noqa: E402
 from r3_env.config import ConfigError  # noqa: E402
 
 logger = logging.getLogger("rl_gain")
@@ -923,4 +924,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    keep_freed_memory()  # PyTorch's buffers kept between steps: r3_env/allocator.py
     main()

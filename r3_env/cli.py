@@ -13,6 +13,7 @@ import sys
 from importlib.metadata import entry_points
 
 from r3_env import __version__
+from r3_env.allocator import keep_freed_memory
 
 logger = logging.getLogger("r3rag")
 
@@ -54,5 +55,11 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The ``r3rag`` executable: glibc's malloc tuned for PyTorch first (:mod:`r3_env.allocator`), then :func:`main`."""
+    keep_freed_memory()
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()
