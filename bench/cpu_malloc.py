@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sft_speed import time_step, variants  # noqa: E402
+from sft_speed import add_step_arguments, time_step, variants  # noqa: E402
 
 from r3_env.allocator import OPT_OUT, TUNABLES  # noqa: E402
 
@@ -57,11 +57,7 @@ def measure(args: argparse.Namespace, policy: str, variant: str, malloc: dict[st
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--policy", default="smollm2-135m-instruct", help="a registry model or an HF model folder")
-    parser.add_argument("--tokens", type=int, default=750, help="tokens per sequence")
-    parser.add_argument("--micro_batch", type=int, default=2, help="sequences per forward pass")
-    parser.add_argument("--layers", type=int, default=8, help="trainable_layers of the partial variants")
-    parser.add_argument("--repeats", type=int, default=2, help="timed passes per process (the fastest counts)")
+    add_step_arguments(parser, layers=8, repeats=2)
     parser.add_argument(
         "--variants",
         default="LoRA rank 16,last {layers} layers",

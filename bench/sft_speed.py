@@ -63,13 +63,18 @@ def time_step(policy: str, settings: dict, tokens: int, micro_batch: int, repeat
     return min(times[1:])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_step_arguments(parser: argparse.ArgumentParser, layers: int, repeats: int) -> None:
+    """The micro-batch :func:`time_step` times, as flags (bench/cpu_malloc.py times the same one)."""
     parser.add_argument("--policy", default="smollm2-135m-instruct", help="a registry model or an HF model folder")
     parser.add_argument("--tokens", type=int, default=750, help="tokens per sequence")
     parser.add_argument("--micro_batch", type=int, default=2, help="sequences per forward pass")
-    parser.add_argument("--layers", type=int, default=10, help="trainable_layers of the partial variants")
-    parser.add_argument("--repeats", type=int, default=3, help="timed passes per variant (the fastest counts)")
+    parser.add_argument("--layers", type=int, default=layers, help="trainable_layers of the partial variants")
+    parser.add_argument("--repeats", type=int, default=repeats, help="timed passes per variant (the fastest counts)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_step_arguments(parser, layers=10, repeats=3)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
     from r3_env.model_registry import MODELS, get_model
