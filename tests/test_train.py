@@ -445,6 +445,19 @@ def test_lora_trains_only_its_adapters_and_saves_a_merged_policy(world, tmp_path
         ModelConfig(policy="p", lora_rank=-1)
 
 
+def test_bf16_autocast_warns_on_a_cpu_without_native_bf16(monkeypatch, caplog):
+    """The CPU's bf16 support is stood in for (the test machine has one kind of CPU); autocast itself is real."""
+    from r3_env.train import models
+
+    for native, warned in ((False, True), (True, False)):
+        monkeypatch.setattr(models, "native_cpu_bf16", lambda native=native: native)
+        caplog.clear()
+        layer = torch.nn.Linear(4, 4)
+        models.autocast_bf16(layer)
+        assert layer(torch.ones(1, 4)).dtype == torch.bfloat16
+        assert ("no native bf16" in caplog.text) is warned and ("model.mixed_precision no" in caplog.text) is warned
+
+
 def test_the_last_layers_train_under_bf16_autocast_and_the_rest_stay_frozen(world, tmp_path):
     """``model.trainable_layers`` and ``model.mixed_precision bf16``: a PPO step changes only the last layer and the
     final norm, the actor computes in bf16 while its weights and log-probs stay fp32, the reference computes in bf16.

@@ -43,7 +43,8 @@ class ModelConfig:
         default="no",
         metadata={
             "help": "bf16: compute under torch.autocast with fp32 weights and optimizer (2.08x faster SFT steps "
-            "for SmolLM2 on AVX512-BF16 CPUs; bench/sft_speed.py)"
+            "for SmolLM2 on AVX512-BF16 CPUs; bench/sft_speed.py). A CPU without native bf16 emulates it, "
+            "and the trainer warns"
         },
     )
     trainable_layers: int = field(

@@ -117,7 +117,19 @@ def autocast_bf16(model: torch.nn.Module) -> None:
     """Run ``model``'s forward under bf16 autocast (weights, gradients and optimizer stay fp32): mixed
     precision as OpenRLHF's ``--bf16`` gives it on GPU. OpenRLHF's Actor casts the logits back to fp32."""
     device_type = next(model.parameters()).device.type
+    if device_type == "cpu" and not native_cpu_bf16():
+        logger.warning(
+            "model.mixed_precision bf16: this CPU has no native bf16 (AVX512-BF16 or AMX), so autocast emulates "
+            "it and can be slower than fp32 (bench/sft_speed.py compares them here); consider "
+            "model.mixed_precision no"
+        )
     model.forward = torch.autocast(device_type, dtype=torch.bfloat16)(model.forward)
+
+
+def native_cpu_bf16() -> bool:
+    """Whether oneDNN computes bf16 natively on this CPU (AVX512-BF16 or AMX); True when torch cannot say."""
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return True if check is None else bool(check())
 
 
 def load_critic(path: str, config: ModelConfig, device: torch.device) -> Any:
