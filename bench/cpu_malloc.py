@@ -44,6 +44,11 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps({"seconds": seconds, "user_s": usage.ru_utime, "kernel_s": usage.ru_stime}))
 
 
+def kernel_share(run: dict[str, float]) -> float:
+    """The share of a measured process's CPU time spent in the kernel."""
+    return run["kernel_s"] / (run["user_s"] + run["kernel_s"])
+
+
 def measure(args: argparse.Namespace, policy: str, variant: str, malloc: dict[str, str]) -> dict[str, float]:
     environ = {key: value for key, value in os.environ.items() if key not in ("GLIBC_TUNABLES", OPT_OUT)}
     command = [sys.executable, __file__, "--child", variant, "--policy", policy, "--tokens", str(args.tokens),
@@ -83,10 +88,9 @@ def main() -> None:
         for variant in names:
             runs = {}
             for label, malloc in MALLOCS.items():
-                runs[label] = measure(args, policy, variant, malloc)
-                run = runs[label]
+                run = runs[label] = measure(args, policy, variant, malloc)
                 logger.info("%s, %s: %.2f s per micro-batch, %.0f%% of CPU time in the kernel", variant, label,
-                            run["seconds"], 100 * run["kernel_s"] / (run["user_s"] + run["kernel_s"]))  # fmt: skip
+                            run["seconds"], 100 * kernel_share(run))  # fmt: skip
             rows.append((variant, runs))
     print(f"| variant ({args.policy}, {args.micro_batch} x {args.tokens} tokens) | malloc | s per micro-batch | "
           "kernel share of CPU time | speed-up |")  # fmt: skip
@@ -94,8 +98,8 @@ def main() -> None:
     for variant, runs in rows:
         base = runs["glibc defaults"]["seconds"]
         for label, run in runs.items():
-            share = run["kernel_s"] / (run["user_s"] + run["kernel_s"])
-            print(f"| {variant} | {label} | {run['seconds']:.2f} | {100 * share:.0f}% | {base / run['seconds']:.2f}x |")
+            print(f"| {variant} | {label} | {run['seconds']:.2f} | {100 * kernel_share(run):.0f}% | "
+                  f"{base / run['seconds']:.2f}x |")  # fmt: skip
 
 
 if __name__ == "__main__":

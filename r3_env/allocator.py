@@ -15,12 +15,9 @@ workers, services) inherits them. ``GLIBC_TUNABLES`` already set (to anything) i
 
 from __future__ import annotations
 
-import logging
 import os
 import platform
 import sys
-
-logger = logging.getLogger(__name__)
 
 THRESHOLD = 4 << 30  # bytes: above any one buffer of a training step, so none is unmapped on free
 TUNABLES = f"glibc.malloc.mmap_threshold={THRESHOLD}:glibc.malloc.trim_threshold={THRESHOLD}"
