@@ -143,10 +143,11 @@ PRETRAINED = ModelRecipe(
         n_samples_per_prompt=2,
         eval_questions=4,
     ),
-    # SFT and RL train all of SmolLM2 under bf16 autocast: 2.08x faster steps than fp32 (bench/sft_speed.py).
+    # SFT and RL train all of SmolLM2 under bf16 autocast where the CPU computes bf16 natively: 2.08x faster
+    # steps than fp32 there (bench/sft_speed.py); a CPU that only emulates bf16 trains in fp32 (auto).
     # Training only the last 10 layers is 3.15x faster and fits the whole demo in 30 minutes, but its SFT
     # reached EM 12 where all layers reach 40 on seed 0's world (docs/results.md): the demo takes the time.
-    model={"mixed_precision": "bf16"},
+    model={"mixed_precision": "auto"},
     sft={"lr": 1e-4, "batch_size": 8, "micro_batch_size": 2},
     # critic-free (REINFORCE++: per-step returns normalised over the batch): a critic would double the training
     # compute; sampled at 0.7, where SmolLM2's sampled episodes are right often enough to reinforce

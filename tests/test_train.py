@@ -458,6 +458,22 @@ def test_bf16_autocast_warns_on_a_cpu_without_native_bf16(monkeypatch, caplog):
         assert ("no native bf16" in caplog.text) is warned and ("model.mixed_precision no" in caplog.text) is warned
 
 
+def test_mixed_precision_auto_chooses_bf16_only_where_the_hardware_computes_it(monkeypatch, caplog):
+    """The CPU's bf16 support is stood in for, as above; ``auto``'s choice on the real CPU is what the demo test
+    reads from the trainer's log."""
+    from r3_env.train import models
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    for native in (False, True):
+        monkeypatch.setattr(models, "native_cpu_bf16", lambda native=native: native)
+        caplog.clear()
+        with caplog.at_level("INFO", logger=models.__name__):
+            assert models.autocast_in_bf16("auto", cpu) is native
+        assert f"model.mixed_precision auto: {'bf16' if native else 'no (fp32)'}" in caplog.text
+        assert models.autocast_in_bf16("auto", cuda) and models.autocast_in_bf16("bf16", cpu)
+        assert not models.autocast_in_bf16("no", cuda)
+
+
 def test_the_last_layers_train_under_bf16_autocast_and_the_rest_stay_frozen(world, tmp_path):
     """``model.trainable_layers`` and ``model.mixed_precision bf16``: a PPO step changes only the last layer and the
     final norm, the actor computes in bf16 while its weights and log-probs stay fp32, the reference computes in bf16.

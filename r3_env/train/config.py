@@ -39,12 +39,12 @@ class ModelConfig:
     dtype: Literal["fp32", "bf16"] = field(default="fp32", metadata={"help": "parameter dtype (fp32 on CPU)"})
     attn_implementation: str = field(default="sdpa", metadata={"help": "sdpa, eager or flash_attention_2 (GPU)"})
     gradient_checkpointing: bool = field(default=False, metadata={"help": "trade compute for memory (large models)"})
-    mixed_precision: Literal["no", "bf16"] = field(
+    mixed_precision: Literal["no", "bf16", "auto"] = field(
         default="no",
         metadata={
             "help": "bf16: compute under torch.autocast with fp32 weights and optimizer (2.08x faster SFT steps "
             "for SmolLM2 on AVX512-BF16 CPUs; bench/sft_speed.py). A CPU without native bf16 emulates it, "
-            "and the trainer warns"
+            "and the trainer warns. auto: bf16 on a GPU or a CPU with native bf16, no elsewhere"
         },
     )
     trainable_layers: int = field(
