@@ -132,12 +132,12 @@ def autocast_in_bf16(mixed_precision: str, device: torch.device) -> bool:
     quick demo's one SFT step of 5 examples ran over 5 minutes under bf16, and its SFT stage 62 s in fp32)."""
     if mixed_precision != "auto":
         return mixed_precision == "bf16"
-    native = device.type == "cuda" or (device.type == "cpu" and native_cpu_bf16())
-    logger.info(
-        "model.mixed_precision auto: %s on this %s",
-        "bf16" if native else "no (fp32)",
-        device.type if device.type != "cpu" else ("CPU with native bf16" if native else "CPU without native bf16"),
-    )
+    if device.type != "cpu":
+        native, where = device.type == "cuda", device.type
+    else:
+        native = native_cpu_bf16()
+        where = f"CPU {'with' if native else 'without'} native bf16"
+    logger.info("model.mixed_precision auto: %s on this %s", "bf16" if native else "no (fp32)", where)
     return native
 
 
