@@ -288,6 +288,51 @@ def test_ppo_ptx_adds_the_teachers_sft_loss_to_each_actor_step_and_resumes_its_p
         make_trainer(world, tmp_path / "missing", ptx_data=str(tmp_path / "nothing.jsonl"))
 
 
+def test_ptx_select_failed_guides_only_the_questions_whose_samples_were_all_wrong(world, tmp_path, monkeypatch):
+    """``ppo.ptx_select failed``: after the RL update, one more actor step on the teacher's transcripts of the
+    questions none of whose samples was right, looked up by question id (coldstart's ``<dataset>/<id>`` too)."""
+    from r3_env.train.guidance import question_key
+
+    assert question_key("hotpotqa/5a8c", "hotpotqa") == "5a8c" and question_key("q-7", "") == "q-7"
+    sft_data = gold_sft_data(world, tmp_path, questions=3)
+    rl = make_trainer(world, tmp_path / "rl", estimator="reinforce")
+    guided = make_trainer(
+        world, tmp_path / "guided", estimator="reinforce", ptx_data=str(sft_data), ptx_select="failed", ptx_coef=1.0
+    )
+    asked: list[str] = []
+    lookup = guided.guide.transcripts
+    monkeypatch.setattr(guided.guide, "transcripts", lambda ids: asked.extend(ids) or lookup(ids))  # records too
+    try:
+        updated = []
+        for trainer in (rl, guided):
+            script_one_right_one_wrong(trainer, world)
+            values = trainer.step()
+            updated.append([p.detach().clone() for p in trainer.actor.parameters()])
+        right, wrong = guided.items
+        assert asked == [wrong.id] and right.id in guided.guide and wrong.id in guided.guide
+        assert values["failed_questions"] == 1.0 and values["ptx_questions"] == 1.0 and values["ptx_loss"] > 0
+        assert guided.actor_sched.last_epoch == 2  # the RL step and the guidance step, on a schedule counting both
+        assert any(not torch.allclose(a, b) for a, b in zip(*updated, strict=True))
+        right_only = make_trainer(world, tmp_path / "right", ptx_data=str(sft_data), ptx_select="failed")
+        try:
+            script_one_right_one_wrong(right_only, world)
+            right_only.items = right_only.items[:1]
+            values = right_only.step()
+            assert values["failed_questions"] == 0.0 and "ptx_loss" not in values
+        finally:
+            right_only.close()
+    finally:
+        rl.close()
+        guided.close()
+    with pytest.raises(ValueError, match=r"ppo\.ptx_select failed .*set ppo\.ptx_data"):
+        PPOConfig(ptx_select="failed")
+    no_ids = tmp_path / "no_ids.jsonl"
+    no_ids.write_text("".join(json.dumps({"messages": json.loads(line)["messages"]}) + "\n"
+                              for line in sft_data.read_text().splitlines()))  # fmt: skip
+    with pytest.raises(ValueError, match=r"ppo\.ptx_data .* has no 'id' column"):
+        make_trainer(world, tmp_path / "no_ids", ptx_data=str(no_ids), ptx_select="failed")
+
+
 @pytest.mark.slow
 def test_one_ppo_iteration_of_a_real_instruct_model(world, smollm2_model, tmp_path):
     """SmolLM2-135M-Instruct (the registry's) samples its own steps, then one PPO update of actor and critic."""

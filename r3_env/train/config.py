@@ -163,6 +163,14 @@ class PPOConfig:
     ptx_batch_size: int = field(
         default=2, metadata={"help": "transcripts per actor step, taken in turn over seeded passes of ptx_data"}
     )
+    ptx_select: Literal["every_step", "failed"] = field(
+        default="every_step",
+        metadata={
+            "help": "which transcripts: every_step, ptx_batch_size of them with each actor step (PPO-ptx); failed, "
+            "after each iteration's RL update one more actor step on the transcripts of the questions none of whose "
+            "samples was right, matched by id (teacher guidance on failure, as DGPO; ptx_batch_size unused)"
+        },
+    )
     eval_prompts: str = field(
         default="",
         metadata={
@@ -194,6 +202,11 @@ class PPOConfig:
             )
         if self.ptx_coef < 0 or self.ptx_batch_size < 1:
             raise ValueError("ppo.ptx_coef must be 0 or more and ppo.ptx_batch_size at least 1")
+        if self.ptx_select == "failed" and not self.ptx_data:
+            raise ValueError(
+                "ppo.ptx_select failed trains on the teacher's transcripts of the failed questions: set ppo.ptx_data "
+                "to them (r3rag coldstart sft-data, transcript form)"
+            )
         if self.eval_every < 1 or self.eval_questions < 0:
             raise ValueError("ppo.eval_every must be at least 1 and eval_questions 0 or more")
         if self.estimator == "group_norm" and self.n_samples_per_prompt < 2:

@@ -21,7 +21,9 @@ One iteration:
    token, the KL penalty per token) computes GAE or REINFORCE returns and normalises advantages.
 3. **Updates.** OpenRLHF's ``PolicyLoss`` (clipped ratio) and ``ValueLoss`` (clipped values), and
    its ``compute_entropy`` for the entropy. With ``ppo.ptx_data`` each actor step also takes
-   ``ptx_coef`` times OpenRLHF's ``SFTLoss`` on ``ptx_batch_size`` teacher transcripts (PPO-ptx).
+   ``ptx_coef`` times OpenRLHF's ``SFTLoss`` on ``ptx_batch_size`` teacher transcripts (PPO-ptx); with
+   ``ptx_select failed``, one more actor step instead takes that loss on the transcripts of the questions
+   none of whose samples was right (teacher guidance on failure, :mod:`r3_env.train.guidance`).
    Accumulation, clipping and AdamW steps are the local trainer's own: OpenRLHF runs them through
    DeepSpeed, which needs a GPU.
 
@@ -57,11 +59,12 @@ import torch
 
 from r3_env.data import QAItem, read_dataset, read_label
 from r3_env.engines import HFEngine, SamplingParams, TokenEngine
-from r3_env.episode import ROLLOUT_OUTCOMES
+from r3_env.episode import ROLLOUT_OUTCOMES, Outcome
 from r3_env.protocol import ChatRenderer
 from r3_env.rollout_config import RolloutConfig
 from r3_env.train import openrlhf_cpu
 from r3_env.train.config import HealthConfig, ModelConfig, PPOConfig, RunConfig
+from r3_env.train.guidance import TranscriptsByQuestion
 from r3_env.train.health import HEALTH_FILE, HealthMonitor
 from r3_env.train.metrics import MetricsLog
 from r3_env.train.models import (
@@ -170,16 +173,21 @@ class PPOTrainer:
         self.policy_loss = PolicyLoss(clip_eps_low=ppo.eps_clip, clip_eps_high=ppo.eps_clip_high or ppo.eps_clip)
         self.value_loss = ValueLoss(clip_eps=ppo.value_clip)
         self.ptx, self.ptx_loss, self.ptx_position = None, SFTLoss(), 0  # the teacher's transcripts and where next
+        self.guide: TranscriptsByQuestion | None = None  # the same, by question, for the failed questions only
         if ppo.ptx_data:
             template = ChatRenderer(self.tokenizer, rollout.policy.step_format, rollout.policy.chat_template).template
-            self.ptx = sft_dataset(ppo.ptx_data, self.tokenizer, ppo.max_len, template, field="ppo.ptx_data")
-            if len(self.ptx) == 0:
+            if ppo.ptx_select == "failed":
+                self.guide = TranscriptsByQuestion(ppo.ptx_data, self.tokenizer, ppo.max_len, template, "ppo.ptx_data")
+            else:
+                self.ptx = sft_dataset(ppo.ptx_data, self.tokenizer, ppo.max_len, template, field="ppo.ptx_data")
+            if len(self.guide.rows if self.guide else self.ptx) == 0:
                 raise ValueError(f"ppo.ptx_data {ppo.ptx_data} holds no transcripts")
         # torch.compile'd on GPU (OpenRLHF's choice); its eager body on CPU, where compiling costs more than it saves
         self.entropy = compute_entropy
         if self.device.type != "cuda":
             self.entropy = getattr(compute_entropy, "_torchdynamo_orig_callable", compute_entropy)
         optimizer_steps = ppo.iterations * ppo.max_epochs * math.ceil(ppo.episodes / ppo.train_batch_size)
+        optimizer_steps += ppo.iterations if self.guide else 0  # at most one guidance step an iteration
         self.actor_optim, self.actor_sched = make_optimizer(self.actor, ppo.actor_lr, optimizer_steps)
         self.critic_optim = self.critic_sched = None
         if self.critic is not None:
@@ -386,6 +394,29 @@ class PPOTrainer:
         logs["actor_lr"] = self.actor_sched.get_last_lr()[0]
         return logs
 
+    def _guidance_step(self, items: Sequence[QAItem], responses: Sequence[dict[str, Any]]) -> dict[str, float]:
+        """One actor step of ``ptx_coef`` times the SFT loss on the teacher's transcripts of the questions none of
+        whose samples was right (those without a transcript are counted, not trained on)."""
+        samples = self.ppo.n_samples_per_prompt
+        failed = [
+            item.id
+            for number, item in enumerate(items)
+            if not any(_correct(r) for r in responses[number * samples : (number + 1) * samples])
+        ]
+        dataset, transcripts = self.guide.transcripts(failed)
+        logs = {"failed_questions": float(len(failed)), "ptx_questions": float(sum(q in self.guide for q in failed))}
+        if not transcripts:
+            return logs
+        loss, _ = sft_backward(
+            self.actor, dataset, transcripts, self.ppo.micro_batch_size, self.ptx_loss, self.device, self.ppo.ptx_coef
+        )
+        logs["ptx_loss"] = loss
+        torch.nn.utils.clip_grad_norm_(self.actor.parameters(), self.ppo.max_norm)
+        self.actor_optim.step()
+        self.actor_sched.step()
+        self.actor_optim.zero_grad(set_to_none=True)
+        return logs
+
     def _critic_step(self, group: Sequence[Any]) -> dict[str, float]:
         from openrlhf.models.utils import masked_mean
 
@@ -417,7 +448,8 @@ class PPOTrainer:
         sync_s = self.sync_weights()
         busy_before = self.engine.busy_s
         started = time.perf_counter()
-        responses = self.rollout(self.next_prompts())
+        items = self.next_prompts()
+        responses = self.rollout(items)
         rollout_s = time.perf_counter() - started
         started = time.perf_counter()
         kept = differing_groups(responses, self.ppo.n_samples_per_prompt) if self.ppo.filter_groups else responses
@@ -425,7 +457,11 @@ class PPOTrainer:
         train_actor = self.iteration >= self.ppo.critic_warmup and bool(batches)
         losses = self.train_on(batches, train_actor=train_actor) if batches else {}
         if not batches:
-            logger.info("PPO %d: every question's samples got the same reward; no update", self.iteration + 1)
+            logger.info("PPO %d: every question's samples got the same reward; no RL update", self.iteration + 1)
+        if self.guide is not None and self.iteration >= self.ppo.critic_warmup:
+            guided = self._guidance_step(items, responses)
+            losses.update(guided)
+            train_actor = train_actor or "ptx_loss" in guided
         if train_actor:
             self.server_current = False  # the next rollout needs the updated weights
         training_s = time.perf_counter() - started
@@ -620,6 +656,10 @@ def differing_groups(responses: Sequence[dict[str, Any]], samples: int) -> list[
         if max(rewards) - min(rewards) > 1e-6:
             kept.extend(group)
     return kept
+
+
+def _correct(response: dict[str, Any]) -> bool:
+    return bool((response.get("extra_logs") or {}).get(Outcome.CORRECT.log_key))
 
 
 def _measured(values: dict[str, float], key: str) -> str:

@@ -51,21 +51,32 @@ logger = logging.getLogger(__name__)
 def sft_dataset(path: str, tokenizer: Any, max_len: int, chat_template: str | None, field: str = "sft.data") -> Any:
     """OpenRLHF's SFTDataset over a transcript-form file (multi-turn: loss on every assistant turn); ``field`` is the
     setting that named the file, for the errors."""
+    return transcript_dataset(read_transcripts(path, field), tokenizer, max_len, chat_template)
+
+
+def read_transcripts(path: str, field: str) -> Any:
+    """The rows of a transcript-form file (a ``datasets.Dataset``); ``field`` names the setting, for the errors."""
     openrlhf_cpu.enable()
     from datasets import load_dataset
-    from openrlhf.datasets import SFTDataset
 
     if not Path(path).is_file():
         raise FileNotFoundError(f"{field} {path} does not exist: write it with r3rag coldstart sft-data")
-    data = SimpleNamespace(
-        input_key="messages", output_key=None, apply_chat_template=True, tokenizer_chat_template=chat_template
-    )
     rows = load_dataset("json", data_files=str(path), split="train")
     if "messages" not in rows.column_names:
         raise ValueError(
             f"{field} {path} has no 'messages' column: make it with r3rag coldstart sft-data --form transcript "
             "(the per_step form is for OpenRLHF's cluster SFT)"
         )
+    return rows
+
+
+def transcript_dataset(rows: Any, tokenizer: Any, max_len: int, chat_template: str | None) -> Any:
+    """OpenRLHF's SFTDataset in multi-turn mode over transcript rows (it drops those longer than ``max_len``)."""
+    from openrlhf.datasets import SFTDataset
+
+    data = SimpleNamespace(
+        input_key="messages", output_key=None, apply_chat_template=True, tokenizer_chat_template=chat_template
+    )
     return SFTDataset(
         rows, tokenizer, max_len, SimpleNamespace(args=SimpleNamespace(data=data)), num_processors=1, multiturn=True
     )
