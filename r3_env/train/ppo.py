@@ -387,10 +387,7 @@ class PPOTrainer:
                 self.actor, self.ptx, self.next_transcripts(), micro, self.ptx_loss, self.device, self.ppo.ptx_coef
             )
             logs["ptx_loss"] = loss
-        logs["actor_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.actor.parameters(), self.ppo.max_norm))
-        self.actor_optim.step()
-        self.actor_sched.step()
-        self.actor_optim.zero_grad(set_to_none=True)
+        logs["actor_grad_norm"] = self._optimizer_step(self.actor, self.actor_optim, self.actor_sched)
         logs["actor_lr"] = self.actor_sched.get_last_lr()[0]
         return logs
 
@@ -411,10 +408,7 @@ class PPOTrainer:
             self.actor, dataset, transcripts, self.ppo.micro_batch_size, self.ptx_loss, self.device, self.ppo.ptx_coef
         )
         logs["ptx_loss"] = loss
-        torch.nn.utils.clip_grad_norm_(self.actor.parameters(), self.ppo.max_norm)
-        self.actor_optim.step()
-        self.actor_sched.step()
-        self.actor_optim.zero_grad(set_to_none=True)
+        self._optimizer_step(self.actor, self.actor_optim, self.actor_sched)
         return logs
 
     def _critic_step(self, group: Sequence[Any]) -> dict[str, float]:
@@ -434,11 +428,16 @@ class PPOTrainer:
             (share * loss).backward()
             logs["value_loss"] += share * float(loss.detach())
             logs["values"] += share * float(masked_mean(values.detach(), mask))
-        logs["critic_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.ppo.max_norm))
-        self.critic_optim.step()
-        self.critic_sched.step()
-        self.critic_optim.zero_grad(set_to_none=True)
+        logs["critic_grad_norm"] = self._optimizer_step(self.critic, self.critic_optim, self.critic_sched)
         return logs
+
+    def _optimizer_step(self, module: torch.nn.Module, optimizer: Any, scheduler: Any) -> float:
+        """Clip the gradients to ``max_norm``, step, schedule and clear them; returns the norm before clipping."""
+        norm = float(torch.nn.utils.clip_grad_norm_(module.parameters(), self.ppo.max_norm))
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        return norm
 
     # -- the loop -----------------------------------------------------------------------------------
 
