@@ -1,14 +1,17 @@
 """bench/ppo_update.py: the trainer's own experience pass and actor update, one process per variant, on a tiny random
-policy."""
+policy. Slow (`pytest -m slow`): each variant is a process of its own."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT, make_tokenizer, save_tiny_causal_lm
 
 from r3_env.train.model_factory import CHATML_TEMPLATE
+
+pytestmark = pytest.mark.slow
 
 
 def bench(*args: str) -> subprocess.CompletedProcess:

@@ -1,7 +1,8 @@
 """``r3rag demo --quick`` end to end, as a user runs it: every artifact is there and well formed; a rerun resumes.
 
-The same with the real SmolLM2 (its recipe, its own chat template and tokenizer) as a slow test, and on the
-real questions of ../shared/data (``--data``) with a tiny random model that has SmolLM2's tokenizer.
+Slow (``pytest -m slow``): the same with the real SmolLM2 (its recipe, its own chat template and tokenizer), on
+the real questions of ../shared/data (``--data``) with a tiny random model that has SmolLM2's tokenizer, the LWS
+recipe's demo, and the benches that build on the quick demo.
 """
 
 from __future__ import annotations
@@ -141,6 +142,7 @@ def learning(demo):
     return {"command": command, "first": first}
 
 
+@pytest.mark.slow
 def test_the_learning_bench_scores_each_policy_then_reads_its_rows_back(demo, learning):
     """bench/demo_learning.py: the demo resumes, each policy's greedy dev episodes are scored with the training
     reward, the table is printed; a rerun reads the rows back, and a rerun with other settings is refused rather
@@ -168,6 +170,7 @@ def test_the_learning_bench_scores_each_policy_then_reads_its_rows_back(demo, le
     assert json.loads((demo["out"] / "learning.json").read_text()) == saved  # nothing measured is lost
 
 
+@pytest.mark.slow
 def test_the_ppo_ablation_bench_trains_again_from_the_sft_policy_with_the_settings_given(demo, learning):
     """bench/ppo_ablation.py: PPO from the quick demo's SFT policy with a shorter critic warm-up and another actor
     rate (the rest as the demo's), scored beside the demo's policies; a rerun reads the rows back; a setting that
@@ -237,6 +240,7 @@ def test_the_default_demo_runs_its_whole_path_on_a_tiny_budget(tmp_path):
     assert math.isfinite(ppo[-1]["policy_loss"]) and math.isfinite(ppo[-1]["entropy"])
 
 
+@pytest.mark.slow
 def test_the_lws_recipe_trains_with_tags_the_staged_reward_and_group_advantages(tmp_path):
     """``--recipe lws``: the same pipeline with the tags format, the lws reward (stage 2 from half-way), no critic."""
     out = tmp_path / "lws"

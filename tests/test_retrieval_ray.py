@@ -1,5 +1,8 @@
 """Retrieval on a local Ray cluster (CPU): Serve replicas, losing one, and sharded faiss indexes.
 
+The tests that start Ray are slow (`pytest -m slow`); sharding itself and the launch script are in the default
+suite.
+
 Everything is real: Ray, Ray Serve's proxy and router, the replicas' apps, bm25s and faiss
 indexes built by ``r3rag index build`` and split by ``r3rag index shard``.
 """
@@ -53,7 +56,7 @@ def built(tmp_path_factory):
     return {"root": root, "corpus": corpus, "bm25": bm25, "dense": dense, "questions": questions[:30]}
 
 
-@pytest.mark.slow  # first: it starts a Ray cluster of its own, before this module's
+@pytest.mark.slow  # first: it starts a Ray cluster of its own, before this module's (slow tests too)
 def test_cli_serves_on_its_own_ray_cluster_and_stops_on_sigterm(built):
     args = ["retriever", "serve", "--ray", "--index_path", str(built["bm25"]), "--ray.replicas", "1"]
     with ServiceProcess(args, timeout=240) as service:
@@ -100,6 +103,7 @@ def retrieve(url: str, queries: list[str], k: int = 5) -> dict:
     return response.json()
 
 
+@pytest.mark.slow
 def test_serve_replicas_answer_like_the_plain_service(built, replicas):
     questions = built["questions"]
     retriever = load_retriever(replicas["config"])
@@ -127,6 +131,7 @@ def replica_actors() -> list[str]:
     return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(prefix)]
 
 
+@pytest.mark.slow
 def test_requests_keep_succeeding_when_a_replica_dies(built, replicas):
     questions = built["questions"]
     expected = retrieve(replicas["url"], questions[:3])
@@ -151,6 +156,7 @@ def test_requests_keep_succeeding_when_a_replica_dies(built, replicas):
     assert retrieve(replicas["url"], questions[:3]) == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("faiss_type", ["Flat", "IVF8,Flat"])
 def test_sharded_dense_retrieval_equals_unsharded(built, cluster, faiss_type):
     index_path = built["dense"][faiss_type]
@@ -202,6 +208,7 @@ def test_a_manifest_naming_a_lost_shard_is_refused(built, tmp_path):
         load_retriever(dense_config(built, manifest))
 
 
+@pytest.mark.slow
 def test_serve_replicas_share_one_set_of_shards(built, replicas):
     """Redeploys the app over a sharded dense index (a cluster's Serve proxy keeps its first port)."""
     manifest = shard_index(built["dense"]["Flat"], 2)

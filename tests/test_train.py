@@ -289,31 +289,36 @@ def test_ppo_ptx_adds_the_teachers_sft_loss_to_each_actor_step_and_resumes_its_p
 
 
 def test_ptx_select_failed_guides_only_the_questions_whose_samples_were_all_wrong(world, tmp_path, monkeypatch):
-    """``ppo.ptx_select failed``: after the RL update, one more actor step on the teacher's transcripts of the
-    questions none of whose samples was right, looked up by question id (coldstart's ``<dataset>/<id>`` too)."""
+    """``ppo.ptx_select failed``: the RL step also takes ``ptx_coef`` times the SFT loss of the teacher's
+    transcripts of the questions none of whose samples was right, looked up by question id (coldstart's
+    ``<dataset>/<id>`` too). At ``ptx_coef`` 0 the update is RL's own, so the coefficient weighs the guidance
+    against the policy loss; with no RL batch the guidance takes a step of its own."""
     from r3_env.train.guidance import question_key
 
     assert question_key("hotpotqa/5a8c", "hotpotqa") == "5a8c" and question_key("q-7", "") == "q-7"
     sft_data = gold_sft_data(world, tmp_path, questions=3)
-    rl = make_trainer(world, tmp_path / "rl", estimator="reinforce")
-    guided = make_trainer(
-        world, tmp_path / "guided", estimator="reinforce", ptx_data=str(sft_data), ptx_select="failed", ptx_coef=1.0
-    )
+    guided = {"ptx_data": str(sft_data), "ptx_select": "failed"}
+    trainers = {
+        "rl": make_trainer(world, tmp_path / "rl", estimator="reinforce"),
+        "coef0": make_trainer(world, tmp_path / "coef0", estimator="reinforce", **guided, ptx_coef=0.0),
+        "coef1": make_trainer(world, tmp_path / "coef1", estimator="reinforce", **guided, ptx_coef=1.0),
+    }
     asked: list[str] = []
-    lookup = guided.guide.transcripts
-    monkeypatch.setattr(guided.guide, "transcripts", lambda ids: asked.extend(ids) or lookup(ids))  # records too
+    lookup = trainers["coef1"].guide.transcripts
+    monkeypatch.setattr(trainers["coef1"].guide, "transcripts", lambda ids: asked.extend(ids) or lookup(ids))
     try:
-        updated = []
-        for trainer in (rl, guided):
+        updated = {}
+        for name, trainer in trainers.items():
             script_one_right_one_wrong(trainer, world)
-            values = trainer.step()
-            updated.append([p.detach().clone() for p in trainer.actor.parameters()])
-        right, wrong = guided.items
-        assert asked == [wrong.id] and right.id in guided.guide and wrong.id in guided.guide
+            values = trainer.step()  # 4 episodes, one actor step
+            updated[name] = [p.detach().clone() for p in trainer.actor.parameters()]
+            assert trainer.actor_sched.last_epoch == 1  # the guidance joined the RL step: no step of its own
+        right, wrong = trainers["coef1"].items
+        assert asked == [wrong.id] and right.id in trainers["coef1"].guide and wrong.id in trainers["coef1"].guide
         assert values["failed_questions"] == 1.0 and values["ptx_questions"] == 1.0 and values["ptx_loss"] > 0
-        assert guided.actor_sched.last_epoch == 2  # the RL step and the guidance step, on a schedule counting both
-        assert any(not torch.allclose(a, b) for a, b in zip(*updated, strict=True))
-        right_only = make_trainer(world, tmp_path / "right", ptx_data=str(sft_data), ptx_select="failed")
+        assert all(torch.equal(a, b) for a, b in zip(updated["rl"], updated["coef0"], strict=True))
+        assert any(not torch.allclose(a, b) for a, b in zip(updated["rl"], updated["coef1"], strict=True))
+        right_only = make_trainer(world, tmp_path / "right", **guided)
         try:
             script_one_right_one_wrong(right_only, world)
             right_only.items = right_only.items[:1]
@@ -321,9 +326,21 @@ def test_ptx_select_failed_guides_only_the_questions_whose_samples_were_all_wron
             assert values["failed_questions"] == 0.0 and "ptx_loss" not in values
         finally:
             right_only.close()
+        # both samples wrong alike: a group baseline keeps no group for RL, so the guidance steps alone
+        scalar = dataclasses.replace(world["rollout"].reward, placement="scalar")
+        grouped = {**world, "rollout": dataclasses.replace(world["rollout"], reward=scalar)}
+        wrong_only = make_trainer(grouped, tmp_path / "wrong", **guided, filter_groups=True, estimator="group_norm")
+        try:
+            script_one_right_one_wrong(wrong_only, world)
+            wrong_only.items = wrong_only.items[1:]
+            values = wrong_only.step()
+            assert values["trained_share"] == 0.0 and values["ptx_loss"] > 0 and values["actor_trained"] == 1.0
+            assert "policy_loss" not in values and wrong_only.actor_sched.last_epoch == 1
+        finally:
+            wrong_only.close()
     finally:
-        rl.close()
-        guided.close()
+        for trainer in trainers.values():
+            trainer.close()
     with pytest.raises(ValueError, match=r"ppo\.ptx_select failed .*set ppo\.ptx_data"):
         PPOConfig(ptx_select="failed")
     no_ids = tmp_path / "no_ids.jsonl"

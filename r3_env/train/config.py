@@ -167,8 +167,8 @@ class PPOConfig:
         default="every_step",
         metadata={
             "help": "which transcripts: every_step, ptx_batch_size of them with each actor step (PPO-ptx); failed, "
-            "after each iteration's RL update one more actor step on the transcripts of the questions none of whose "
-            "samples was right, matched by id (teacher guidance on failure, as DGPO; ptx_batch_size unused)"
+            "those of the questions none of whose samples was right, matched by id and shared in turn among the "
+            "iteration's actor steps (teacher guidance on failure, as DGPO; ptx_batch_size unused)"
         },
     )
     eval_prompts: str = field(

@@ -3,8 +3,10 @@
 Small policies seldom sample a right episode on the questions they cannot yet do, so a group baseline gives
 those questions no advantage and RL never learns them. DGPO (a distilled cold start, then RL guided by the
 teacher only where the rollouts failed) trains on the teacher's episode exactly there. With
-``ppo.ptx_select failed`` the PPO trainer looks up each such question's transcripts here and takes an SFT
-step on them; questions with a right sample are left to the RL loss alone.
+``ppo.ptx_select failed`` the PPO trainer looks up each such question's transcripts here, and the iteration's
+actor steps add ``ptx_coef`` times their SFT loss to the policy loss, as PPO-ptx does; questions with a right
+sample are left to the RL loss alone. The guidance shares the RL step rather than taking one of its own: AdamW
+normalises each step's gradient, so ``ptx_coef`` on a step of its own would hardly change the update.
 """
 
 from __future__ import annotations
@@ -12,11 +14,27 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from r3_env.train.sft import read_transcripts, transcript_dataset
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Transcripts:
+    """Tokenized teacher transcripts and the ``SFTDataset`` that collates them."""
+
+    dataset: Any
+    items: list[Any] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def share(self, number: int, parts: int) -> Transcripts:
+        """Part ``number`` of ``parts``, taken in turn, so that ``parts`` actor steps train each transcript once."""
+        return Transcripts(self.dataset, self.items[number::parts])
 
 
 def question_key(row_id: str, dataset: str) -> str:
@@ -47,10 +65,10 @@ class TranscriptsByQuestion:
     def __contains__(self, question_id: str) -> bool:
         return question_id in self.index
 
-    def transcripts(self, question_ids: Iterable[str]) -> tuple[Any, list[Any]]:
-        """(the SFTDataset that collates them, its items) for these questions' transcripts; (None, []) for none."""
+    def transcripts(self, question_ids: Iterable[str]) -> Transcripts:
+        """These questions' transcripts, tokenized (none for questions without one)."""
         numbers = [number for question in question_ids for number in self.index.get(question, ())]
         if not numbers:
-            return None, []
+            return Transcripts(None)
         dataset = transcript_dataset(self.rows.select(numbers), self.tokenizer, self.max_len, self.chat_template)
-        return dataset, [dataset[i] for i in range(len(dataset))]
+        return Transcripts(dataset, [dataset[i] for i in range(len(dataset))])

@@ -22,8 +22,8 @@ One iteration:
 3. **Updates.** OpenRLHF's ``PolicyLoss`` (clipped ratio) and ``ValueLoss`` (clipped values), and
    its ``compute_entropy`` for the entropy. With ``ppo.ptx_data`` each actor step also takes
    ``ptx_coef`` times OpenRLHF's ``SFTLoss`` on ``ptx_batch_size`` teacher transcripts (PPO-ptx); with
-   ``ptx_select failed``, one more actor step instead takes that loss on the transcripts of the questions
-   none of whose samples was right (teacher guidance on failure, :mod:`r3_env.train.guidance`).
+   ``ptx_select failed``, the iteration's actor steps instead share the transcripts of the questions none of
+   whose samples was right (teacher guidance on failure, :mod:`r3_env.train.guidance`), each in turn.
    Accumulation, clipping and AdamW steps are the local trainer's own: OpenRLHF runs them through
    DeepSpeed, which needs a GPU.
 
@@ -64,7 +64,7 @@ from r3_env.protocol import ChatRenderer
 from r3_env.rollout_config import RolloutConfig
 from r3_env.train import openrlhf_cpu
 from r3_env.train.config import HealthConfig, ModelConfig, PPOConfig, RunConfig
-from r3_env.train.guidance import TranscriptsByQuestion
+from r3_env.train.guidance import Transcripts, TranscriptsByQuestion
 from r3_env.train.health import HEALTH_FILE, HealthMonitor
 from r3_env.train.metrics import MetricsLog
 from r3_env.train.models import (
@@ -187,7 +187,8 @@ class PPOTrainer:
         if self.device.type != "cuda":
             self.entropy = getattr(compute_entropy, "_torchdynamo_orig_callable", compute_entropy)
         optimizer_steps = ppo.iterations * ppo.max_epochs * math.ceil(ppo.episodes / ppo.train_batch_size)
-        optimizer_steps += ppo.iterations if self.guide else 0  # at most one guidance step an iteration
+        # guidance with no RL batch to join (no group's rewards differed) takes a step of its own
+        optimizer_steps += ppo.iterations if self.guide else 0
         self.actor_optim, self.actor_sched = make_optimizer(self.actor, ppo.actor_lr, optimizer_steps)
         self.critic_optim = self.critic_sched = None
         if self.critic is not None:
@@ -327,9 +328,13 @@ class PPOTrainer:
 
     # -- 3. updates ---------------------------------------------------------------------------------
 
-    def train_on(self, batches: Sequence[Any], train_actor: bool = True) -> dict[str, float]:
-        """``max_epochs`` passes over the micro-batches; one optimizer step per ``train_batch_size`` episodes."""
+    def train_on(
+        self, batches: Sequence[Any], train_actor: bool = True, guidance: Transcripts | None = None
+    ) -> dict[str, float]:
+        """``max_epochs`` passes over the micro-batches; one optimizer step per ``train_batch_size`` episodes. The
+        first pass's actor steps share ``guidance``'s transcripts in turn, so each is trained once, beside RL."""
         per_step = self.ppo.train_batch_size // self.ppo.micro_batch_size
+        actor_steps = math.ceil(len(batches) / per_step)
         sums: dict[str, float] = {}
         counts: dict[str, int] = {}
 
@@ -337,12 +342,13 @@ class PPOTrainer:
             sums[name] = sums.get(name, 0.0) + value
             counts[name] = counts.get(name, 0) + 1
 
-        for _ in range(self.ppo.max_epochs):
+        for epoch in range(self.ppo.max_epochs):
             order = torch.randperm(len(batches)).tolist()
-            for start in range(0, len(order), per_step):
+            for number, start in enumerate(range(0, len(order), per_step)):
                 group = [batches[i] for i in order[start : start + per_step]]
                 if train_actor:
-                    for name, value in self._actor_step(group).items():
+                    share = guidance.share(number, actor_steps) if guidance and epoch == 0 else None
+                    for name, value in self._actor_step(group, share).items():
                         add(name, value)
                 if self.critic is not None:
                     for name, value in self._critic_step(group).items():
@@ -352,7 +358,9 @@ class PPOTrainer:
     def _tokens(self, group: Sequence[Any]) -> float:
         return max(float(sum(b.action_mask.sum() for b in group)), 1.0)
 
-    def _actor_step(self, group: Sequence[Any]) -> dict[str, float]:
+    def _actor_step(self, group: Sequence[Any], guidance: Transcripts | None = None) -> dict[str, float]:
+        """One optimizer step of the policy loss on ``group``, plus ``ptx_coef`` times the SFT loss of the teacher's
+        transcripts: the next ``ptx_batch_size`` (PPO-ptx), or ``guidance`` (the failed questions' share)."""
         from openrlhf.models.utils import masked_mean
 
         self.actor.train()
@@ -382,34 +390,34 @@ class PPOTrainer:
             ):
                 logs[name] += share * float(value.detach())
         if self.ptx is not None:  # PPO-ptx: the teacher's transcripts pull beside the advantages
-            micro = self.ppo.micro_batch_size
-            loss, _ = sft_backward(
-                self.actor, self.ptx, self.next_transcripts(), micro, self.ptx_loss, self.device, self.ppo.ptx_coef
-            )
-            logs["ptx_loss"] = loss
+            logs["ptx_loss"] = self._ptx_backward(Transcripts(self.ptx, self.next_transcripts()))
+        elif guidance:
+            logs["ptx_loss"] = self._ptx_backward(guidance)
         logs["actor_grad_norm"] = self._optimizer_step(self.actor, self.actor_optim, self.actor_sched)
         logs["actor_lr"] = self.actor_sched.get_last_lr()[0]
         return logs
 
-    def _guidance_step(self, items: Sequence[QAItem], responses: Sequence[dict[str, Any]]) -> dict[str, float]:
-        """One actor step of ``ptx_coef`` times the SFT loss on the teacher's transcripts of the questions none of
-        whose samples was right (those without a transcript are counted, not trained on)."""
+    def _ptx_backward(self, transcripts: Transcripts) -> float:
+        """Accumulate ``ptx_coef`` times the SFT loss of ``transcripts`` into the actor's gradients; the loss."""
+        micro = self.ppo.micro_batch_size
+        loss, _ = sft_backward(
+            self.actor, transcripts.dataset, transcripts.items, micro, self.ptx_loss, self.device, self.ppo.ptx_coef
+        )
+        return loss
+
+    def _failed_transcripts(
+        self, items: Sequence[QAItem], responses: Sequence[dict[str, Any]]
+    ) -> tuple[Transcripts, dict[str, float]]:
+        """The teacher's transcripts of the questions none of whose samples was right (those without one are
+        counted, not trained on), and what to log about them."""
         samples = self.ppo.n_samples_per_prompt
         failed = [
             item.id
             for number, item in enumerate(items)
             if not any(_correct(r) for r in responses[number * samples : (number + 1) * samples])
         ]
-        dataset, transcripts = self.guide.transcripts(failed)
         logs = {"failed_questions": float(len(failed)), "ptx_questions": float(sum(q in self.guide for q in failed))}
-        if not transcripts:
-            return logs
-        loss, _ = sft_backward(
-            self.actor, dataset, transcripts, self.ppo.micro_batch_size, self.ptx_loss, self.device, self.ppo.ptx_coef
-        )
-        logs["ptx_loss"] = loss
-        self._optimizer_step(self.actor, self.actor_optim, self.actor_sched)
-        return logs
+        return self.guide.transcripts(failed), logs
 
     def _critic_step(self, group: Sequence[Any]) -> dict[str, float]:
         from openrlhf.models.utils import masked_mean
@@ -453,14 +461,17 @@ class PPOTrainer:
         started = time.perf_counter()
         kept = differing_groups(responses, self.ppo.n_samples_per_prompt) if self.ppo.filter_groups else responses
         batches = self.make_experiences(kept) if kept else []
-        train_actor = self.iteration >= self.ppo.critic_warmup and bool(batches)
-        losses = self.train_on(batches, train_actor=train_actor) if batches else {}
+        warm = self.iteration >= self.ppo.critic_warmup
+        train_actor = warm and bool(batches)
+        guidance, guided = (None, {}) if self.guide is None or not warm else self._failed_transcripts(items, responses)
+        losses = self.train_on(batches, train_actor=train_actor, guidance=guidance) if batches else {}
         if not batches:
             logger.info("PPO %d: every question's samples got the same reward; no RL update", self.iteration + 1)
-        if self.guide is not None and self.iteration >= self.ppo.critic_warmup:
-            guided = self._guidance_step(items, responses)
-            losses.update(guided)
-            train_actor = train_actor or "ptx_loss" in guided
+            if guidance:  # no RL loss to weigh the guidance against: a step of its own
+                losses["ptx_loss"] = self._ptx_backward(guidance)
+                self._optimizer_step(self.actor, self.actor_optim, self.actor_sched)
+                train_actor = True
+        losses.update(guided)
         if train_actor:
             self.server_current = False  # the next rollout needs the updated weights
         training_s = time.perf_counter() - started
