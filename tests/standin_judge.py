@@ -113,4 +113,7 @@ if __name__ == "__main__":
     parser.add_argument("--latency", type=float, default=0.0)
     args = parser.parse_args()
     STATE["latency"] = args.latency
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+    # a "slow" answer still sleeping when the tests stop the stand-in must not hold its exit for 30 s
+    uvicorn.run(
+        app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False, timeout_graceful_shutdown=1
+    )

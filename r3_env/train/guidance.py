@@ -5,8 +5,9 @@ those questions no advantage and RL never learns them. DGPO (a distilled cold st
 teacher only where the rollouts failed) trains on the teacher's episode exactly there. With
 ``ppo.ptx_select failed`` the PPO trainer looks up each such question's transcripts here, and the iteration's
 actor steps add ``ptx_coef`` times their SFT loss to the policy loss, as PPO-ptx does; questions with a right
-sample are left to the RL loss alone. The guidance shares the RL step rather than taking one of its own: AdamW
-normalises each step's gradient, so ``ptx_coef`` on a step of its own would hardly change the update.
+sample are left to the RL loss alone. The guidance shares the RL step rather than taking one of its own:
+clipping to ``max_norm`` and AdamW both normalise a step's gradient, so ``ptx_coef`` on a step of its own
+would hardly change the update.
 """
 
 from __future__ import annotations
