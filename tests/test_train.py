@@ -84,6 +84,12 @@ def make_trainer(world, tmp_path, model: ModelConfig | None = None, **ppo):
     return PPOTrainer(run, model, config, world["rollout"], str(world["policy"]))
 
 
+def with_reward_placement(world, placement: str) -> dict:
+    """The world fixture with its rollout's reward placed ``placement`` ("scalar" for a group baseline)."""
+    reward = dataclasses.replace(world["rollout"].reward, placement=placement)
+    return {**world, "rollout": dataclasses.replace(world["rollout"], reward=reward)}
+
+
 # -- model factory ------------------------------------------------------------------------------------
 
 
@@ -327,8 +333,7 @@ def test_ptx_select_failed_guides_only_the_questions_whose_samples_were_all_wron
         finally:
             right_only.close()
         # both samples wrong alike: a group baseline keeps no group for RL, so the guidance steps alone
-        scalar = dataclasses.replace(world["rollout"].reward, placement="scalar")
-        grouped = {**world, "rollout": dataclasses.replace(world["rollout"], reward=scalar)}
+        grouped = with_reward_placement(world, "scalar")
         wrong_only = make_trainer(grouped, tmp_path / "wrong", **guided, filter_groups=True, estimator="group_norm")
         try:
             script_one_right_one_wrong(wrong_only, world)
@@ -411,9 +416,7 @@ def test_the_entropy_bonus_reaches_the_gradients_only_when_its_coefficient_is_se
     ids=["critic_warmup", "uniform_groups_filtered"],
 )
 def test_an_iteration_that_must_not_train_the_actor_leaves_it_alone(world, tmp_path, settings, placement, check):
-    reward = dataclasses.replace(world["rollout"].reward, placement=placement)
-    world = {**world, "rollout": dataclasses.replace(world["rollout"], reward=reward)}
-    trainer = make_trainer(world, tmp_path, **settings)
+    trainer = make_trainer(with_reward_placement(world, placement), tmp_path, **settings)
     try:
         trainer.load_prompts()
         trainer.items = world["items"][:2]
