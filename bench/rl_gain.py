@@ -56,7 +56,10 @@ every arm here minus it (per dataset and answer form).
 Each (arm, seed) trains into OUT/ARM/seedS/train (a rerun resumes) and keeps its per-question scores in
 OUT/ARM/seedS/result.json, so seeds can run in separate invocations and the table is rebuilt from every
 result there. An RL arm's training episodes (steps, queries, documents, outcome;
-``policy.trajectory_log``) are appended to OUT/ARM/seedS/train/trajectories.jsonl in rollout order. The
+``policy.trajectory_log``) are appended to OUT/ARM/seedS/train/trajectories.jsonl in rollout order; a table
+sums up what searching paid in them, per RL seed: the share of episodes that searched (first half and last
+half of the run), of those whose searches found a gold passage their start lacked, and the mean reward
+with and without a search. RL can only learn to search from episodes where searching paid. The
 table is printed (markdown) and written to OUT/rl_gain.md and OUT/rl_gain.json.
 """
 
@@ -206,6 +209,39 @@ def format_versus_bm25(checks: dict[str, dict[str, dict[str, dict[str, float]]]]
                 cells.append(f"{100 * check['full_recall']:.1f} vs {100 * check['bm25_full_recall']:.1f} at K = "
                              f"{check['k']} ({diff:+.1f}{', below' if diff < 0 else ''})")  # fmt: skip
             lines.append(f"| {arm}, {label} | {' | '.join(cells)} |")
+    return "\n".join(lines) + "\n"
+
+
+def training_search(folder: Path) -> dict[str, Any] | None:
+    """What searching paid in an RL seed's training episodes (r3_env.openrlhf.figures' summary of its trajectory
+    log: the whole run, its first half and its last half); None when the run kept no log."""
+    from r3_env.openrlhf.figures import training_figures
+
+    path = folder / "train" / TRAJECTORIES
+    return training_figures([path]) if path.is_file() else None
+
+
+def format_training_search(runs: dict[str, dict[str, Any]]) -> str:
+    """:func:`training_search` per RL seed (``runs``: {label: its summary}) as markdown ("" without any)."""
+    if not runs:
+        return ""
+
+    def percent(value: float | None) -> str:
+        return "-" if value is None else f"{100 * value:.0f}"
+
+    def reward(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    lines = ["What searching paid in each RL run's training episodes (found gold: the episode's searches found a "
+             "gold passage its start lacked; RL can only learn to search from episodes where searching paid):", "",
+             "| run | episodes | searched % (first half -> last half) | found gold, episodes (%) | "
+             "mean reward, searched | mean reward, not searched |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for label, summary in runs.items():
+        whole, first, last = summary["all"], summary["first_half"], summary["last_half"]
+        found = whole["found_gold"] or 0.0
+        lines.append(f"| {label} | {whole['episodes']} | {percent(first['searched'])} -> {percent(last['searched'])} | "
+                     f"{round(found * whole['episodes'])} ({100 * found:.1f}) | {reward(whole['reward_searched'])} | "
+                     f"{reward(whole['reward_not_searched'])} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -906,6 +942,11 @@ def main() -> None:
         table += "\n" + format_table(against[name], caption, base=name)
     if versus:
         table += "\n" + format_versus_bm25(versus)
+    runs = [(arm, m["seed"]) for arm in ARMS if arm.startswith("rl_") for m in per_seed.get(arm, [])]
+    searching = {f"{arm}, seed {seed}": summary for arm, seed in runs
+                 if (summary := training_search(bench.folder(arm, seed))) is not None}  # fmt: skip
+    if searching:
+        table += "\n" + format_training_search(searching)
     table += "\nEach seed's means over every question (EM %, F1 %, training wall time):\n\n"
     for arm in (arm for arm in ARMS if arm in per_seed):
         cells = [f"seed {'-' if m['seed'] is None else m['seed']}: {100 * m['em']:.1f}, {100 * m['f1']:.1f}, "
@@ -915,7 +956,8 @@ def main() -> None:
     seeds = {arm: len(saved) for arm, saved in results.items()}
     summary = {"demo": str(Path(args.demo).resolve()), "arms": listed, "seeds": seeds,
                "questions": len(bench.questions), "episodes": bench.iterations * bench.per_iteration,
-               "bm25_k": ks, "vs_bm25": versus, "per_seed": per_seed, "rows": rows, "vs_sft_more": control,
+               "bm25_k": ks, "vs_bm25": versus, "training_search": searching, "per_seed": per_seed, "rows": rows,
+               "vs_sft_more": control,
                "against": against, "against_folders": against_folders,
                "seconds": round(time.perf_counter() - started)}  # fmt: skip
     (out / "rl_gain.json").write_text(json.dumps(summary, indent=2) + "\n")

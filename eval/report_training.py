@@ -1,8 +1,9 @@
 """The report's training section: curves from a ``r3rag train local`` run's ``metrics.jsonl``.
 
 PPO curves are per iteration: mean episode reward, outcome shares, the dev-set reward (greedy
-episodes, ``ppo.eval_prompts``), losses, steps and documents per episode, and where each
-iteration's time went. SFT's loss is per optimizer step.
+episodes, ``ppo.eval_prompts``), losses, steps and documents per episode, what searching paid (the
+shares of episodes that searched and that found a gold passage their start lacked, and the mean
+reward with and without a search), and where each iteration's time went. SFT's loss is per optimizer step.
 
 The Health group (:mod:`r3_env.train.health`) charts the signs of a policy going wrong: the shares
 of unanswered episodes and format errors, of blank, repeated and copied queries, the retrievals per
@@ -46,6 +47,22 @@ CHARTS: list[tuple[str, str, str, list[tuple[str, str]], bool]] = [
         "Steps and documents per episode",
         "per episode",
         [("steps", "steps"), ("docs_read", "documents read")],
+        False,
+    ),
+    # RL learns to search only from episodes where searching paid: when searches seldom find a gold passage the
+    # start lacked, the reward cannot pay for them and the share that searches falls
+    (
+        "ppo",
+        "Episodes that searched, and whose searches found a gold passage their start lacked",
+        "episodes (%)",
+        [("searched", "searched"), ("found_gold", "found gold")],
+        True,
+    ),
+    (
+        "ppo",
+        "Mean reward of the episodes that searched and of those that did not",
+        "reward",
+        [("reward_searched", "searched"), ("reward_not_searched", "did not search")],
         False,
     ),
     (

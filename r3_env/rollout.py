@@ -268,6 +268,7 @@ async def _score(
         "verdict": verdict.method if verdict else None,
         "judge_fallbacks": sum(r.relevance_fallback for r in queries) + bool(verdict and verdict.fallback),
         "gold_found": gold.before + sum(gold.new),
+        "new_gold": sum(gold.new),  # found by the episode's own searches, not already in its start
         "reward_step": episode.training_step if scheme.needs_training_step else None,
     }
     return outcome, scheme.step_rewards(episode), info
@@ -291,6 +292,7 @@ def _extra_logs(outcome: Outcome, env: RetrievalEnv, info: dict, traj: _Trajecto
         retrievals=float(len(queries)),
         num_docs=float(env.num_docs),
         relevance_mean=sum(judged) / len(judged) if judged else 0.0,
+        new_gold=float(info.get("new_gold", 0)),
         judge_fallbacks=float(info.get("judge_fallbacks", 0)),
         format_retries=float(sum(s.format_retries for s in env.steps)),
         out_of_context=float(traj.out_of_context),

@@ -21,9 +21,11 @@ from rl_gain import (
     comparison_rows,
     evaluation_run_prefix,
     format_table,
+    format_training_search,
     format_versus_bm25,
     read_other_arm,
     sft_passes,
+    training_search,
 )
 
 from eval.compare import paired_bootstrap, seeded_paired_bootstrap
@@ -138,6 +140,28 @@ def test_each_rl_run_is_set_beside_bm25_at_its_own_documents_and_a_run_below_it_
     assert "| run | hotpotqa | 2wiki |" in table
     assert "| rl_gold, seed 2 | 57.6 vs 60.6 at K = 6 (-3.0, below) | 35.8 vs 30.1 at K = 6 (+5.7) |" in table
     assert format_versus_bm25({}) == ""  # no RL arm: no table
+
+
+def test_what_searching_paid_is_read_from_a_seeds_training_episodes(tmp_path):
+    """Per RL seed, from its trajectory log: the share that searched in each half, the episodes whose searches found
+    a gold passage their start lacked, and the mean reward with and without a search."""
+    answer, found, empty = {"kind": "answer"}, {"kind": "query", "new_gold": 1}, {"kind": "query", "new_gold": 0}
+    episodes = [
+        {"outcome": "correct", "step_rewards": [2.0], "steps": [answer], "num_docs": 4},
+        {"outcome": "wrong", "step_rewards": [0.0, 0.0], "steps": [empty, answer], "num_docs": 6},
+        {"outcome": "wrong", "step_rewards": [0.0], "steps": [answer], "num_docs": 4},
+        {"outcome": "correct", "step_rewards": [2.0, 4.0], "steps": [found, answer], "num_docs": 6},
+    ]
+    folder = tmp_path / "rl_gold" / "seed0"
+    (folder / "train").mkdir(parents=True)
+    (folder / "train" / "trajectories.jsonl").write_text("".join(json.dumps(row) + "\n" for row in episodes))
+    summary = training_search(folder)
+    assert summary["all"]["searched"] == 0.5 and summary["all"]["found_gold"] == 0.25
+    assert summary["all"]["reward_searched"] == 3.0 and summary["all"]["reward_not_searched"] == 1.0
+    table = format_training_search({"rl_gold, seed 0": summary})
+    assert "| rl_gold, seed 0 | 4 | 50 -> 50 | 1 (25.0) | 3.00 | 1.00 |" in table
+    assert training_search(tmp_path / "rl_gold" / "seed1") is None  # a run that kept no log
+    assert format_training_search({}) == ""
 
 
 def test_another_benchs_arm_is_read_with_its_seeds_and_refused_off_this_demo_or_its_questions(tmp_path):
@@ -303,6 +327,9 @@ def test_every_arm_trains_from_the_sft_policy_and_the_table_has_their_rows_and_c
     # each RL run's Full-Recall beside BM25's at its own documents: the arm over its seeds, and each seed alone
     versus = summary["vs_bm25"]
     assert list(versus) == ["rl_process", "rl_outcome", "rl_gold"]
+    # what searching paid in each RL seed's 16 training episodes
+    assert list(summary["training_search"]) == [f"{arm}, seed {seed}" for arm in versus for seed in (0, 1)]
+    assert all(run["all"]["episodes"] == 16 for run in summary["training_search"].values())
     bm25_rows = {row["arm"]: row["mean"]["full_recall"] for row in rows[6:]}
     for arm, runs in versus.items():
         assert list(runs) == ["2 seeds", "seed 0", "seed 1"]

@@ -373,6 +373,24 @@ def write_training(folder: Path, scheme: str = "lws", options: dict | None = Non
     return folder
 
 
+def test_training_curves_show_what_searching_paid(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    first = {"searched": 0.5, "found_gold": 0.25, "reward_searched": 1.0, "reward_not_searched": 0.0}
+    second = {"searched": 0.0, "found_gold": 0.0, "reward_not_searched": 0.5}  # no episode searched
+    rows = [{"stage": "ppo", "step": step, "reward": 0.5, **values} for step, values in ((1, first), (2, second))]
+    write_jsonl(folder / "metrics.jsonl", rows)
+    charts = {chart["title"]: chart for chart in training_charts(folder)}
+    shares = charts["Episodes that searched, and whose searches found a gold passage their start lacked"]
+    assert shares["percent"] and shares["series"] == {
+        "searched": [[1, 0.5], [2, 0.0]],
+        "found gold": [[1, 0.25], [2, 0.0]],
+    }
+    paid = charts["Mean reward of the episodes that searched and of those that did not"]
+    # the iteration where no episode searched has no point for them, rather than a 0
+    assert paid["series"] == {"searched": [[1, 1.0]], "did not search": [[1, 0.0], [2, 0.5]]}
+
+
 def test_training_curves_show_rc_and_the_stage_switch(tmp_path):
     charts = training_charts(write_training(tmp_path / "lws"))
     rc = next(chart for chart in charts if chart["title"] == "Retrievals per episode (RC)")

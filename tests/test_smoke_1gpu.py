@@ -264,11 +264,12 @@ def test_the_figures_sum_up_trajectories_tensorboard_and_scored_evaluations(tmp_
 
     trajectories = tmp_path / "ppo" / "trajectories"
     trajectories.mkdir(parents=True)
-    query, answer = {"kind": "query"}, {"kind": "answer"}
+    query, answer = {"kind": "query", "new_gold": 0}, {"kind": "answer"}
+    found = {"kind": "query", "new_gold": 1}  # a search that found a gold passage the start lacked
     episodes = [
         {"outcome": "format_error", "step_rewards": [-0.9], "steps": [{"kind": "format_error"}], "num_docs": 0},
         {"outcome": "wrong", "step_rewards": [0.4, 0.0], "steps": [query, answer], "num_docs": 2},
-        {"outcome": "correct", "step_rewards": [0.8, 0.8, 2.0], "steps": [query, query, answer], "num_docs": 4},
+        {"outcome": "correct", "step_rewards": [0.8, 0.8, 2.0], "steps": [query, found, answer], "num_docs": 4},
         {"outcome": "correct", "step_rewards": [1.6, 2.0], "steps": [query, answer], "num_docs": 2},
     ]
     (trajectories / "4242.jsonl").write_text("".join(json.dumps(row) + "\n" for row in episodes))
@@ -297,6 +298,10 @@ def test_the_figures_sum_up_trajectories_tensorboard_and_scored_evaluations(tmp_
         "outcomes": {"correct": 0.5, "format_error": 0.25, "wrong": 0.25},
         "retrievals": 1.0,
         "docs": 2.0,
+        "searched": 0.75,
+        "found_gold": 0.25,
+        "reward_searched": round((0.4 + 3.6 + 3.6) / 3, 4),
+        "reward_not_searched": -0.9,
     }
     assert training["first_half"]["reward"] == round((-0.9 + 0.4) / 2, 4) and training["last_half"]["reward"] == 3.6
     assert figures["tensorboard"]["scalars"] == {

@@ -11,6 +11,8 @@ import asyncio
 import dataclasses
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -220,6 +222,9 @@ def test_one_ppo_iteration_on_scripted_episodes_updates_both_models_with_finite_
         assert values["episodes"] == 4 and values["correct"] == 1.0 and values["format_error"] == 0.0
         assert values["reward"] > 2.0  # the answer's +2 plus the relevance of the gold documents
         assert values["steps"] == 3.0 and values["retrievals"] == 2.0 and values["docs_read"] > 0
+        # every episode searched, and its searches found the gold passages: what searching paid
+        assert values["searched"] == 1.0 and values["found_gold"] == 1.0
+        assert values["reward_searched"] == values["reward"] and "reward_not_searched" not in values
         for key in ("policy_loss", "value_loss", "entropy", "kl", "actor_grad_norm", "critic_grad_norm"):
             assert math.isfinite(values[key]), key
         assert values["generation_s"] > 0 and values["retrieval_s"] > 0 and values["judging_s"] > 0
@@ -438,6 +443,57 @@ def test_group_filter_keeps_only_questions_whose_samples_differ():
     for settings in ({"estimator": "group_norm", "n_samples_per_prompt": 1}, {"estimator": "reinforce"}):
         with pytest.raises(ValueError, match="set ppo.estimator group_norm and ppo.n_samples_per_prompt >= 2"):
             PPOConfig(filter_groups=True, **settings)
+
+
+def test_prompt_filter_missing_gold_keeps_the_questions_whose_start_documents_miss_a_gold_passage(world, tmp_path):
+    """ppo.prompt_filter missing_gold against the real retriever: a question is kept exactly when its top
+    env.question_docs documents (asked of the service here, independently) lack one of its gold passages; rows
+    without gold ids are left out, and a filter that keeps nothing says what to change."""
+    from r3_env.data import write_jsonl
+    from r3_env.retrieval.client import RetrievalClient
+    from r3_env.train.ppo import PPOTrainer
+
+    k = 3
+    env = dataclasses.replace(world["rollout"].env, question_docs=k)
+    rollout = dataclasses.replace(world["rollout"], env=env)
+    items = read_dataset(world["root"] / "world" / "train.jsonl")
+    client = RetrievalClient(rollout.services.retriever_url)
+    try:
+        tops = client.search([item.question for item in items], k)
+    finally:
+        client.close()
+    start = [{hit.passage.id for hit in hits} for hits in tops]
+    gold = [set(item.metadata["supporting_passage_ids"]) for item in items]
+    expected = [item.id for item, found, ids in zip(items, start, gold, strict=True) if ids - found]
+    assert 0 < len(expected) < len(items)  # the world has questions of both kinds: the filter has work to do
+
+    rows = [item.to_json() for item in items]
+    for row in rows[:5]:  # rows naming no gold passage cannot be judged: left out
+        row["metadata"] = {key: v for key, v in row["metadata"].items() if key != "supporting_passage_ids"}
+    write_jsonl(tmp_path / "prompts.jsonl", rows)
+    run = RunConfig(out=str(tmp_path / "run"), seed=3, device="cpu")
+    config = PPOConfig(prompts=str(tmp_path / "prompts.jsonl"), prompt_filter="missing_gold", rollout_batch_size=2,
+                       n_samples_per_prompt=2, micro_batch_size=2, train_batch_size=4)  # fmt: skip
+    trainer = PPOTrainer(run, ModelConfig(policy=str(world["policy"])), config, rollout, str(world["policy"]))
+    try:
+        trainer.load_prompts()
+        kept = [i for i in expected if i not in {r["id"] for r in rows[:5]}]
+        assert [item.id for item in trainer.items] == kept
+        # the same filter as a file, for the cluster path
+        command = [sys.executable, "-m", "r3_env.train.searchable", "--prompts", str(tmp_path / "prompts.jsonl"),
+                   "--retriever_url", rollout.services.retriever_url, "--question_docs", str(k),
+                   "--out", str(tmp_path / "searchable.jsonl")]  # fmt: skip
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert [item.id for item in read_dataset(tmp_path / "searchable.jsonl")] == kept
+        assert f"{len(kept)} of {len(items)} questions kept" in result.stderr
+        # only rows without gold ids, or whose start documents hold every gold passage: nothing to train on
+        write_jsonl(tmp_path / "none.jsonl", rows[:5])
+        trainer.ppo = dataclasses.replace(config, prompts=str(tmp_path / "none.jsonl"))
+        with pytest.raises(ValueError, match=r"kept none of the 5 questions.*5 name no gold passage"):
+            trainer.load_prompts()
+    finally:
+        trainer.close()
 
 
 def test_a_scheme_that_needs_gold_ids_refuses_prompts_without_them(world, tmp_path):

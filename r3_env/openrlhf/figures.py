@@ -4,7 +4,9 @@
 
 - ``training``: the agent's trajectory log (``policy.trajectory_log``, ``TRAJECTORY_LOG`` in
   ``launch/ppo_r3.sh``): episodes, outcome shares, mean episode reward, retrievals and documents per
-  episode, over the whole run and over its first and last halves (the log is in rollout order);
+  episode, what searching paid (the share of episodes that searched, and that found a gold passage
+  their start lacked; the mean reward with and without a search), over the whole run and over its
+  first and last halves (the log is in rollout order);
 - ``tensorboard``: every scalar OpenRLHF logged (``--logger.tensorboard_dir``), its number of
   points, first, last, lowest and highest value;
 - ``eval``: the average over datasets of each scored evaluation run (``r3rag eval run`` + ``score``)
@@ -32,16 +34,33 @@ def _mean(values: list[float]) -> float | None:
     return round(sum(values) / len(values), 4) if values else None
 
 
+def _retrievals(record: dict[str, Any]) -> int:
+    return sum(1 for step in record.get("steps") or [] if step.get("kind") == "query")
+
+
+def _reward(record: dict[str, Any]) -> float:
+    return sum(record.get("step_rewards") or [])
+
+
 def _episode_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Outcome shares, reward, retrievals and documents; and what searching paid: the share of episodes that
+    searched, of those whose searches found a gold passage their start lacked (``found_gold``, 0 without gold
+    labels), and the mean reward of the episodes that searched and of those that did not. When searches seldom
+    find anything, the reward cannot pay for them, and RL learns to answer without searching."""
     outcomes = Counter(str(r.get("outcome")) for r in records)
+    searched = [r for r in records if _retrievals(r)]
     return {
         "episodes": len(records),
-        "reward": _mean([sum(r.get("step_rewards") or []) for r in records]),
+        "reward": _mean([_reward(r) for r in records]),
         "outcomes": {name: round(count / len(records), 4) for name, count in sorted(outcomes.items())}
         if records
         else {},
-        "retrievals": _mean([sum(1 for s in r.get("steps") or [] if s.get("kind") == "query") for r in records]),
+        "retrievals": _mean([_retrievals(r) for r in records]),
         "docs": _mean([float(r.get("num_docs") or 0) for r in records]),
+        "searched": _mean([float(bool(_retrievals(r))) for r in records]),
+        "found_gold": _mean([float(any(s.get("new_gold") for s in r.get("steps") or [])) for r in records]),
+        "reward_searched": _mean([_reward(r) for r in searched]),
+        "reward_not_searched": _mean([_reward(r) for r in records if not _retrievals(r)]),
     }
 
 

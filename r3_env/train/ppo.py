@@ -230,10 +230,33 @@ class PPOTrainer:
                 "metadata.supporting_passage_ids (or a top-level gold_ids) to the rows, or choose a scheme that does "
                 "not need them"
             )
+        if self.ppo.prompt_filter == "missing_gold":
+            self.items = self._questions_with_missing_gold(self.items)
         if self.ppo.eval_prompts:
             self.dev_items = read_dataset(self.ppo.eval_prompts)[: self.ppo.eval_questions or None]
             if not self.dev_items:
                 raise ValueError(f"ppo.eval_prompts {self.ppo.eval_prompts} holds no questions")
+
+    def _questions_with_missing_gold(self, items: list[QAItem]) -> list[QAItem]:
+        from r3_env.train.searchable import missing_gold
+
+        env = self.rollout_config.env
+        found = self.loop.run_until_complete(
+            missing_gold(items, self.context.search, env.question_docs, env.max_query_chars, _label)
+        )
+        logger.info(
+            "ppo.prompt_filter missing_gold: %d of %d questions kept (%d had every gold passage in their start "
+            "documents, %d name no gold passage)",
+            len(found.items), len(items), found.all_found, found.without_gold,
+        )  # fmt: skip
+        if not found.items:
+            raise ValueError(
+                f"ppo.prompt_filter missing_gold kept none of the {len(items)} questions in ppo.prompts "
+                f"{self.ppo.prompts}: {found.without_gold} name no gold passage (add metadata.supporting_passage_ids "
+                f"or gold_ids) and {found.all_found} have every one in their start documents (lower "
+                "env.question_docs, or set ppo.prompt_filter none)"
+            )
+        return found.items
 
     def next_prompts(self) -> list[QAItem]:
         """The next ``rollout_batch_size`` questions: passes over the set, each in a seeded order."""
@@ -566,12 +589,14 @@ class PPOTrainer:
             if self.metrics is not None:
                 self.metrics.log("ppo", self.iteration, values)
             logger.info(
-                "PPO %d/%d: reward %.3f, correct %.0f%%, KL %s, entropy %s%s%s (%.1f s: "
-                "%sgeneration %.1f, retrieval %.2f, judging %.2f, training %.1f)",
+                "PPO %d/%d: reward %.3f, correct %.0f%%, searched %.0f%% (found missing gold %.0f%%), KL %s, "
+                "entropy %s%s%s (%.1f s: %sgeneration %.1f, retrieval %.2f, judging %.2f, training %.1f)",
                 self.iteration,
                 self.ppo.iterations,
                 values["reward"],
                 100 * values["correct"],
+                100 * values["searched"],
+                100 * values["found_gold"],
                 _measured(values, "kl"),  # none without a reference model or an update
                 _measured(values, "entropy"),
                 f", value loss {values['value_loss']:.4f}" if "value_loss" in values else "",
@@ -678,7 +703,9 @@ def _measured(values: dict[str, float], key: str) -> str:
 
 
 def _episode_stats(responses: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """Mean reward and score, outcome shares and counts, steps, retrievals and documents read per episode."""
+    """Mean reward and score, outcome shares and counts, steps, retrievals and documents read per episode; and
+    what searching paid: the shares of episodes that searched and that found a gold passage their start lacked
+    (``found_gold``), and the mean reward with and without a search (each left out when no episode had it)."""
     count_all = max(len(responses), 1)
 
     def mean(values: Sequence[float]) -> float:
@@ -695,6 +722,13 @@ def _episode_stats(responses: Sequence[dict[str, Any]]) -> dict[str, float]:
         "relevance": mean([log.get("relevance_mean", 0.0) for log in logs]),
         "response_tokens": mean([sum(end - start for start, end in r["action_ranges"]) for r in responses]),
     }
+    searched = [log.get("retrievals", 0.0) > 0 for log in logs]
+    stats["searched"] = mean([float(s) for s in searched])
+    stats["found_gold"] = mean([float(log.get("new_gold", 0.0) > 0) for log in logs])
+    for key, wanted in (("reward_searched", True), ("reward_not_searched", False)):
+        rewards = [r["reward"] for r, s in zip(responses, searched, strict=True) if s == wanted]
+        if rewards:
+            stats[key] = float(sum(rewards)) / len(rewards)
     steps = [log["reward_step"] for log in logs if "reward_step" in log]
     if steps:  # the training step a staged reward scheme saw
         stats["reward_step"] = float(sum(steps)) / len(steps)
