@@ -57,9 +57,9 @@ Each (arm, seed) trains into OUT/ARM/seedS/train (a rerun resumes) and keeps its
 OUT/ARM/seedS/result.json, so seeds can run in separate invocations and the table is rebuilt from every
 result there. An RL arm's training episodes (steps, queries, documents, outcome;
 ``policy.trajectory_log``) are appended to OUT/ARM/seedS/train/trajectories.jsonl in rollout order; a table
-sums up what searching paid in them, per RL seed: the share of episodes that searched (first half and last
-half of the run), of those whose searches found a gold passage their start lacked, and the mean reward
-with and without a search. RL can only learn to search from episodes where searching paid. The
+sums up what searching paid in them, per RL seed: the share of all episodes that searched (first half and
+last half of the run), the episodes whose searches found a gold passage their start lacked, and the mean
+reward with and without a search. RL can only learn to search from episodes where searching paid. The
 table is printed (markdown) and written to OUT/rl_gain.md and OUT/rl_gain.json.
 """
 
@@ -238,9 +238,9 @@ def format_training_search(runs: dict[str, dict[str, Any]]) -> str:
              "mean reward, searched | mean reward, not searched |", "|---|---|---|---|---|---|"]  # fmt: skip
     for label, summary in runs.items():
         whole, first, last = summary["all"], summary["first_half"], summary["last_half"]
-        found = whole["found_gold"] or 0.0
         lines.append(f"| {label} | {whole['episodes']} | {percent(first['searched'])} -> {percent(last['searched'])} | "
-                     f"{round(found * whole['episodes'])} ({100 * found:.1f}) | {reward(whole['reward_searched'])} | "
+                     f"{whole['found_gold_episodes']} ({100 * (whole['found_gold'] or 0.0):.1f}) | "
+                     f"{reward(whole['reward_searched'])} | "
                      f"{reward(whole['reward_not_searched'])} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -146,6 +146,17 @@ class StepResult:
     documents: tuple[Passage, ...] = ()
 
 
+async def question_documents(
+    config: EnvConfig, search: SearchFn, question: str, seen: Collection[str] = ()
+) -> list[Passage]:
+    """The question's own top ``config.question_docs`` documents not in ``seen`` (the given context): what an
+    episode starts from beside that context (none when ``question_docs`` is 0)."""
+    if not config.question_docs:
+        return []
+    hits = await search(question[: config.max_query_chars], config.question_docs)
+    return list({hit.passage.id: hit.passage for hit in hits if hit.passage.id not in seen}.values())
+
+
 class RetrievalEnv:
     """One episode. Not reusable: make one per rollout.
 
@@ -180,13 +191,10 @@ class RetrievalEnv:
         if self._started:
             raise RuntimeError("the episode has started; make a new RetrievalEnv")
         self._started = True
-        if self.config.question_docs:
-            hits = await self.search(self.question[: self.config.max_query_chars], self.config.question_docs)
-            found = {hit.passage.id: hit.passage for hit in hits if hit.passage.id not in self._seen}
-            self.question_documents = list(found.values())
-            self.context += tuple(self.question_documents)
-            self._seen.update(found)
-            self._shown += len(found)
+        self.question_documents = await question_documents(self.config, self.search, self.question, self._seen)
+        self.context += tuple(self.question_documents)
+        self._seen.update(p.id for p in self.question_documents)
+        self._shown += len(self.question_documents)
         return self.reset()
 
     def reset(self) -> str:

@@ -300,6 +300,7 @@ def test_the_figures_sum_up_trajectories_tensorboard_and_scored_evaluations(tmp_
         "docs": 2.0,
         "searched": 0.75,
         "found_gold": 0.25,
+        "found_gold_episodes": 1,
         "reward_searched": round((0.4 + 3.6 + 3.6) / 3, 4),
         "reward_not_searched": -0.9,
     }

@@ -446,9 +446,10 @@ def test_group_filter_keeps_only_questions_whose_samples_differ():
 
 
 def test_prompt_filter_missing_gold_keeps_the_questions_whose_start_documents_miss_a_gold_passage(world, tmp_path):
-    """ppo.prompt_filter missing_gold against the real retriever: a question is kept exactly when its top
-    env.question_docs documents (asked of the service here, independently) lack one of its gold passages; rows
-    without gold ids are left out, and a filter that keeps nothing says what to change."""
+    """ppo.prompt_filter missing_gold against the real retriever: a question is kept exactly when its start documents
+    (its label's, then its top env.question_docs, asked of the service here, independently) lack one of its gold
+    passages; rows without gold ids or with an unreadable label are left out, each counted, and a filter that keeps
+    nothing says what to change. The CLI writes the same questions for the cluster path."""
     from r3_env.data import write_jsonl
     from r3_env.retrieval.client import RetrievalClient
     from r3_env.train.ppo import PPOTrainer
@@ -462,14 +463,21 @@ def test_prompt_filter_missing_gold_keeps_the_questions_whose_start_documents_mi
         tops = client.search([item.question for item in items], k)
     finally:
         client.close()
-    start = [{hit.passage.id for hit in hits} for hits in tops]
-    gold = [set(item.metadata["supporting_passage_ids"]) for item in items]
-    expected = [item.id for item, found, ids in zip(items, start, gold, strict=True) if ids - found]
+    found = {item.id: {hit.passage.id for hit in hits} for item, hits in zip(items, tops, strict=True)}
+    missing = {item.id: set(item.metadata["supporting_passage_ids"]) - found[item.id] for item in items}
+    expected = [item.id for item in items if missing[item.id]]
     assert 0 < len(expected) < len(items)  # the world has questions of both kinds: the filter has work to do
 
     rows = [item.to_json() for item in items]
     for row in rows[:5]:  # rows naming no gold passage cannot be judged: left out
         row["metadata"] = {key: v for key, v in row["metadata"].items() if key != "supporting_passage_ids"}
+    rows[5]["metadata"]["start_documents"] = "not a list"  # its episodes would score neutral: left out
+    # a question whose label's start documents hold the gold passages its own documents miss: nothing to find
+    given = next(row for row in rows[6:] if missing[row["id"]])
+    given["metadata"]["start_documents"] = [{"id": i, "contents": "given"} for i in sorted(missing[given["id"]])]
+    left_out = {row["id"] for row in rows[:6]} | {given["id"]}
+    kept = [i for i in expected if i not in left_out]
+    all_found = len(items) - len(expected) - sum(1 for row in rows[:6] if not missing[row["id"]]) + 1
     write_jsonl(tmp_path / "prompts.jsonl", rows)
     run = RunConfig(out=str(tmp_path / "run"), seed=3, device="cpu")
     config = PPOConfig(prompts=str(tmp_path / "prompts.jsonl"), prompt_filter="missing_gold", rollout_batch_size=2,
@@ -477,20 +485,19 @@ def test_prompt_filter_missing_gold_keeps_the_questions_whose_start_documents_mi
     trainer = PPOTrainer(run, ModelConfig(policy=str(world["policy"])), config, rollout, str(world["policy"]))
     try:
         trainer.load_prompts()
-        kept = [i for i in expected if i not in {r["id"] for r in rows[:5]}]
         assert [item.id for item in trainer.items] == kept
-        # the same filter as a file, for the cluster path
         command = [sys.executable, "-m", "r3_env.train.searchable", "--prompts", str(tmp_path / "prompts.jsonl"),
                    "--retriever_url", rollout.services.retriever_url, "--question_docs", str(k),
                    "--out", str(tmp_path / "searchable.jsonl")]  # fmt: skip
         result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
         assert result.returncode == 0, result.stderr[-3000:]
         assert [item.id for item in read_dataset(tmp_path / "searchable.jsonl")] == kept
-        assert f"{len(kept)} of {len(items)} questions kept" in result.stderr
-        # only rows without gold ids, or whose start documents hold every gold passage: nothing to train on
+        assert (f"{len(kept)} of {len(items)} questions kept ({all_found} had every gold passage in their start "
+                "documents, 5 name no gold passage, 1 have an unreadable label)") in result.stderr  # fmt: skip
+        # only rows without gold ids: nothing to train on
         write_jsonl(tmp_path / "none.jsonl", rows[:5])
         trainer.ppo = dataclasses.replace(config, prompts=str(tmp_path / "none.jsonl"))
-        with pytest.raises(ValueError, match=r"kept none of the 5 questions.*5 name no gold passage"):
+        with pytest.raises(ValueError, match=r"0 of 5 questions kept .*5 name no gold passage.*ppo.prompt_filter none"):
             trainer.load_prompts()
     finally:
         trainer.close()

@@ -4,8 +4,8 @@
 
 - ``training``: the agent's trajectory log (``policy.trajectory_log``, ``TRAJECTORY_LOG`` in
   ``launch/ppo_r3.sh``): episodes, outcome shares, mean episode reward, retrievals and documents per
-  episode, what searching paid (the share of episodes that searched, and that found a gold passage
-  their start lacked; the mean reward with and without a search), over the whole run and over its
+  episode, what searching paid (the shares of all episodes that searched and whose searches found a
+  gold passage their start lacked; the mean reward with and without a search), over the whole run and over its
   first and last halves (the log is in rollout order);
 - ``tensorboard``: every scalar OpenRLHF logged (``--logger.tensorboard_dir``), its number of
   points, first, last, lowest and highest value;
@@ -43,12 +43,13 @@ def _reward(record: dict[str, Any]) -> float:
 
 
 def _episode_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Outcome shares, reward, retrievals and documents; and what searching paid: the share of episodes that
-    searched, of those whose searches found a gold passage their start lacked (``found_gold``, 0 without gold
-    labels), and the mean reward of the episodes that searched and of those that did not. When searches seldom
-    find anything, the reward cannot pay for them, and RL learns to answer without searching."""
+    """Outcome shares, reward, retrievals and documents; and what searching paid: the share of all episodes that
+    searched, the share (``found_gold``) and number of all episodes whose searches found a gold passage their start
+    lacked (0 without gold labels), and the mean reward of the episodes that searched and of those that did not.
+    When searches seldom find anything, the reward cannot pay for them, and RL learns to answer without searching."""
     outcomes = Counter(str(r.get("outcome")) for r in records)
     searched = [r for r in records if _retrievals(r)]
+    found = [float(any(s.get("new_gold") for s in r.get("steps") or [])) for r in records]
     return {
         "episodes": len(records),
         "reward": _mean([_reward(r) for r in records]),
@@ -58,7 +59,8 @@ def _episode_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
         "retrievals": _mean([_retrievals(r) for r in records]),
         "docs": _mean([float(r.get("num_docs") or 0) for r in records]),
         "searched": _mean([float(bool(_retrievals(r))) for r in records]),
-        "found_gold": _mean([float(any(s.get("new_gold") for s in r.get("steps") or [])) for r in records]),
+        "found_gold": _mean(found),
+        "found_gold_episodes": int(sum(found)),
         "reward_searched": _mean([_reward(r) for r in searched]),
         "reward_not_searched": _mean([_reward(r) for r in records if not _retrievals(r)]),
     }

@@ -154,9 +154,9 @@ class PPOConfig:
     prompt_filter: Literal["none", "missing_gold"] = field(
         default="none",
         metadata={
-            "help": "none: every question of ppo.prompts; missing_gold: only those whose start documents "
-            "(env.question_docs) miss a gold passage, so a search has something to find (needs the rows' gold ids; "
-            "r3_env/train/searchable.py)"
+            "help": "none: every question of ppo.prompts; missing_gold: only those whose start documents (the "
+            "label's, then the question's top env.question_docs) miss a gold passage, so a search has something to "
+            "find (needs the rows' gold ids; r3_env/train/searchable.py)"
         },
     )
     ptx_data: str = field(

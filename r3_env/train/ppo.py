@@ -240,21 +240,13 @@ class PPOTrainer:
     def _questions_with_missing_gold(self, items: list[QAItem]) -> list[QAItem]:
         from r3_env.train.searchable import missing_gold
 
-        env = self.rollout_config.env
-        found = self.loop.run_until_complete(
-            missing_gold(items, self.context.search, env.question_docs, env.max_query_chars, _label)
-        )
-        logger.info(
-            "ppo.prompt_filter missing_gold: %d of %d questions kept (%d had every gold passage in their start "
-            "documents, %d name no gold passage)",
-            len(found.items), len(items), found.all_found, found.without_gold,
-        )  # fmt: skip
+        found = self.loop.run_until_complete(missing_gold(items, self.context.search, self.rollout_config.env, _label))
+        logger.info("ppo.prompt_filter missing_gold: %s", found.summary(len(items)))
         if not found.items:
             raise ValueError(
-                f"ppo.prompt_filter missing_gold kept none of the {len(items)} questions in ppo.prompts "
-                f"{self.ppo.prompts}: {found.without_gold} name no gold passage (add metadata.supporting_passage_ids "
-                f"or gold_ids) and {found.all_found} have every one in their start documents (lower "
-                "env.question_docs, or set ppo.prompt_filter none)"
+                f"ppo.prompt_filter missing_gold: {found.summary(len(items))} in ppo.prompts {self.ppo.prompts}: add "
+                "the gold passages (metadata.supporting_passage_ids or gold_ids), lower env.question_docs, or set "
+                "ppo.prompt_filter none"
             )
         return found.items
 
@@ -589,7 +581,7 @@ class PPOTrainer:
             if self.metrics is not None:
                 self.metrics.log("ppo", self.iteration, values)
             logger.info(
-                "PPO %d/%d: reward %.3f, correct %.0f%%, searched %.0f%% (found missing gold %.0f%%), KL %s, "
+                "PPO %d/%d: reward %.3f, correct %.0f%%, searched %.0f%%, found_gold %.0f%%, KL %s, "
                 "entropy %s%s%s (%.1f s: %sgeneration %.1f, retrieval %.2f, judging %.2f, training %.1f)",
                 self.iteration,
                 self.ppo.iterations,
