@@ -27,7 +27,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from r3_env.data import QAItem, read_dataset, read_label, write_jsonl
+from r3_env.data import Label, QAItem, read_dataset, read_label, write_jsonl
 from r3_env.env import EnvConfig, SearchFn, question_documents
 
 logger = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ async def missing_gold(
     miss at least one gold passage."""
     labels = [read_label(label_of(item)) for item in items]
 
-    async def start_ids(item: QAItem, label) -> set[str]:
+    async def start_ids(item: QAItem, label: Label) -> set[str]:
         given = {doc.id for doc in label.start_documents}
         found = await question_documents(env, search, label.question or item.question, given)
         return given | {doc.id for doc in found}
