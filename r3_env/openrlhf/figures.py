@@ -34,35 +34,28 @@ def _mean(values: list[float]) -> float | None:
     return round(sum(values) / len(values), 4) if values else None
 
 
-def _retrievals(record: dict[str, Any]) -> int:
-    return sum(1 for step in record.get("steps") or [] if step.get("kind") == "query")
-
-
-def _reward(record: dict[str, Any]) -> float:
-    return sum(record.get("step_rewards") or [])
-
-
 def _episode_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Outcome shares, reward, retrievals and documents; and what searching paid: the share of all episodes that
     searched, the share (``found_gold``) and number of all episodes whose searches found a gold passage their start
     lacked (0 without gold labels), and the mean reward of the episodes that searched and of those that did not.
     When searches seldom find anything, the reward cannot pay for them, and RL learns to answer without searching."""
     outcomes = Counter(str(r.get("outcome")) for r in records)
-    searched = [r for r in records if _retrievals(r)]
+    rewards = [sum(r.get("step_rewards") or []) for r in records]
+    retrievals = [sum(1 for s in r.get("steps") or [] if s.get("kind") == "query") for r in records]
     found = [float(any(s.get("new_gold") for s in r.get("steps") or [])) for r in records]
     return {
         "episodes": len(records),
-        "reward": _mean([_reward(r) for r in records]),
+        "reward": _mean(rewards),
         "outcomes": {name: round(count / len(records), 4) for name, count in sorted(outcomes.items())}
         if records
         else {},
-        "retrievals": _mean([_retrievals(r) for r in records]),
+        "retrievals": _mean(retrievals),
         "docs": _mean([float(r.get("num_docs") or 0) for r in records]),
-        "searched": _mean([float(bool(_retrievals(r))) for r in records]),
+        "searched": _mean([float(n > 0) for n in retrievals]),
         "found_gold": _mean(found),
         "found_gold_episodes": int(sum(found)),
-        "reward_searched": _mean([_reward(r) for r in searched]),
-        "reward_not_searched": _mean([_reward(r) for r in records if not _retrievals(r)]),
+        "reward_searched": _mean([reward for reward, n in zip(rewards, retrievals, strict=True) if n]),
+        "reward_not_searched": _mean([reward for reward, n in zip(rewards, retrievals, strict=True) if not n]),
     }
 
 

@@ -55,23 +55,18 @@ async def missing_gold(
     """The questions whose start documents (``label_of(item)``'s, then the question's top ``env.question_docs``)
     miss at least one gold passage."""
     labels = [read_label(label_of(item)) for item in items]
+    readable = [(item, label) for item, label in zip(items, labels, strict=True) if label.problem is None]
+    judged = [(item, label) for item, label in readable if label.gold_ids]  # only these are searched
+    unreadable, without_gold = len(items) - len(readable), len(readable) - len(judged)
 
     async def start_ids(item: QAItem, label: Label) -> set[str]:
         given = {doc.id for doc in label.start_documents}
         found = await question_documents(env, search, label.question or item.question, given)
         return given | {doc.id for doc in found}
 
-    starts = await asyncio.gather(*(start_ids(item, label) for item, label in zip(items, labels, strict=True)))
-    kept, all_found, without_gold, unreadable = [], 0, 0, 0
-    for item, label, start in zip(items, labels, starts, strict=True):
-        if label.problem is not None:
-            unreadable += 1
-        elif not label.gold_ids:
-            without_gold += 1
-        elif set(label.gold_ids) - start:
-            kept.append(item)
-        else:
-            all_found += 1
+    starts = await asyncio.gather(*(start_ids(item, label) for item, label in judged))
+    kept = [item for (item, label), start in zip(judged, starts, strict=True) if set(label.gold_ids) - start]
+    all_found = len(judged) - len(kept)
     if env.question_docs and kept and not all_found and len(kept) > 20:
         logger.warning(
             "ppo.prompt_filter missing_gold: none of %d questions had every gold passage in its start documents; "
