@@ -20,7 +20,8 @@ question's retrieval missed, and gold it found is not new to any step.
 Reaching ``max_steps`` retrievals without an answer ends the episode with no answer, or, with
 ``answer_at_limit``, shows the last documents and starts the final step for the policy (the format's
 :meth:`answer_prefix`), so that its next words are the answer: how FlashRAG's iterative pipelines
-answer once their iterations run out. Every step
+answer once their iterations run out. With ``stop_after_action``, a step ends with its first query or
+answer, as a tool call ends a model's turn, and what the policy wrote after it is dropped. Every step
 leaves a :class:`StepRecord` (the parsed step, document ids and titles, later the judge's relevance):
 the record is what rewards, logs and evaluation read.
 """
@@ -63,6 +64,9 @@ class EnvConfig:
     answer_at_limit: bool = False
     # documents retrieved with the question itself and shown with it before the first step (0: none)
     question_docs: int = 0
+    # a step ends with its first query or answer line, as a tool call ends a model's turn: what the policy
+    # wrote after it (an answer after its query, say) is dropped, not a format error, and never trained on
+    stop_after_action: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "topk", "doc_chars", "max_step_tokens", "max_query_chars"):
@@ -221,6 +225,14 @@ class RetrievalEnv:
         recorded, not shown)."""
         return self._shown
 
+    def action_end(self, action_text: str) -> int | None:
+        """With ``stop_after_action``: where the policy's output ends, when it wrote on past its first query or
+        answer (an index into ``action_text``); None otherwise. The rollout cuts the step's tokens there too."""
+        if not self.config.stop_after_action:
+            return None
+        end = self.renderer.format.action_end(self.answer_prefix + action_text)
+        return None if end is None else max(0, end - len(self.answer_prefix))
+
     async def step(self, action_text: str, closed: bool = True, turn_ended: bool | None = None) -> StepResult:
         """Act on one policy output.
 
@@ -232,6 +244,9 @@ class RetrievalEnv:
             raise RuntimeError("the episode is over; make a new RetrievalEnv")
         if self.config.question_docs and not self._started:
             raise RuntimeError("env.question_docs retrieves before the first step: await start() first")
+        cut = self.action_end(action_text)
+        if cut is not None:  # the step ended with its action; the rest is dropped, as a stop string would
+            action_text, closed, turn_ended = action_text[:cut], True, False
         action_text = self.answer_prefix + action_text  # the step as a whole, with what the environment wrote
         try:
             if not closed:

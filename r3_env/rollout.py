@@ -194,6 +194,11 @@ async def _generate_and_act(
         special_end = bool(action_tokens) and action_tokens[-1] in ctx.special_ids
         body = action_tokens[:-1] if finished and special_end else action_tokens
         text = tokenizer.decode(body, skip_special_tokens=False)
+        cut = env.action_end(text)
+        if cut is not None:  # env.stop_after_action: the step ends with its action, as at a stop string
+            action_tokens = _tokens_through(tokenizer, body, cut)
+            text = tokenizer.decode(action_tokens, skip_special_tokens=False)
+            finished, ended_turn, traj.truncated = True, False, False
         try:
             result = await env.step(text, closed=finished, turn_ended=ended_turn)
         except SERVICE_ERRORS:  # keep the action: a flagged episode still returns what was generated
@@ -213,6 +218,18 @@ async def _generate_and_act(
             traj.judging.append((record, asyncio.ensure_future(ctx.relevance_batcher.submit(item))))
         if result.feedback:
             traj.add_feedback(tokenizer(result.feedback, add_special_tokens=False)["input_ids"])
+
+
+def _tokens_through(tokenizer: Any, tokens: Sequence[int], chars: int) -> list[int]:
+    """The shortest start of ``tokens`` whose text holds the first ``chars`` characters of theirs."""
+    low, high = 0, len(tokens)
+    while low < high:
+        middle = (low + high) // 2
+        if len(tokenizer.decode(tokens[:middle], skip_special_tokens=False)) >= chars:
+            high = middle
+        else:
+            low = middle + 1
+    return list(tokens[:low])
 
 
 def _stop_params(sampling_params: Any, stop_ids: Sequence[int], max_tokens: int) -> Any:

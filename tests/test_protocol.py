@@ -170,6 +170,42 @@ def test_parse_invalid_reason(text, reason):
     assert caught.value.reason.value in str(caught.value)
 
 
+R3 = get_format("r3")
+
+A = "The problem analysis: a\n"
+# (what stays when the step ends with its first query or answer line, what the model wrote after it)
+ACTION_ENDS = [
+    (A + "The retrieval query: q", "\nThe final answer: q"),
+    (A + "The final answer: b", "\nThe retrieval query: q?"),
+    (A + "The final answer: Paris", "\nI hope this helps!"),
+    (A + "b\nThe retrieval query: q1", "\nThe retrieval query: q2"),
+    (A + "The retrieval query:\n\n  q  ", "\nmore"),  # the query on the line after its label
+    ("<think>\nThe final answer: x\n</think>\n" + A + "The final answer: b", "\nc"),
+    ("The problem analysis: a\r\nThe retrieval query: q\r", "\nThe final answer: b"),
+]
+# outputs where nothing is cut
+WHOLE = [
+    A + "The retrieval query: q\n\n",  # nothing follows
+    A + "The retrieval query: q",
+    "The final answer: b\nThe problem analysis: a",  # an action before the analysis: the parser's to refuse
+    A + "The retrieval query:\nThe final answer: b",  # an empty query, then a label
+    "The problem analysis: I will think more.\nStill thinking",
+    "<think>\nnever closes\nThe final answer: b\nc",
+]
+
+
+@pytest.mark.parametrize(("kept", "after"), ACTION_ENDS)
+def test_a_step_ends_with_its_first_query_or_answer_line(kept, after):
+    assert R3.action_end(kept + after) == len(kept)
+    R3.parse_step(kept)  # what is kept parses as a step
+    assert get_format("tags").action_end(kept + after) is None  # formats that stop at a stop string keep the default
+
+
+@pytest.mark.parametrize("text", WHOLE)
+def test_a_step_with_nothing_after_its_action_or_no_clear_action_is_not_cut(text):
+    assert R3.action_end(text) is None
+
+
 @pytest.mark.parametrize(("text", "expected"), TAGS_VALID)
 def test_tags_parse_valid(text, expected):
     assert TAGS.parse_step(text) == expected
@@ -325,6 +361,13 @@ text_pieces = st.lists(st.one_of(LABEL_SOUP, st.text(max_size=15)), max_size=12)
 
 
 PROPERTY_FORMATS = ["r3", "tags"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=st.one_of(st.text(), text_pieces))
+def test_a_steps_end_is_inside_the_text_with_text_after_it(text):
+    end = R3.action_end(text)
+    assert end is None or (0 < end < len(text) and text[end:].strip())
 
 
 @pytest.mark.parametrize("name", PROPERTY_FORMATS)

@@ -188,6 +188,24 @@ def test_env_answer_at_limit_shows_the_last_documents_and_starts_the_answer_step
         RetrievalEnv(config, ChatRenderer(tokenizer, "multi_query"), FixedSearch(), "Q?")
 
 
+def test_env_stop_after_action_ends_a_step_with_its_query_or_answer(tokenizer):
+    """A step that writes an answer after its query searches, as if a stop had ended it at the query's line."""
+    renderer = ChatRenderer(tokenizer)
+    both = query_step("a", "q1") + "\nThe final answer: X"
+    plain = RetrievalEnv(EnvConfig(), renderer, FixedSearch(), "Q?")
+    assert run(plain.step(both)).done and plain.format_error == "both_query_and_answer"
+    config = EnvConfig(max_steps=2, answer_at_limit=True, stop_after_action=True)
+    env = RetrievalEnv(config, renderer, FixedSearch(), "Q?")
+    assert env.action_end(both) == len(query_step("a", "q1")) and env.action_end(query_step("a", "q1")) is None
+    first = run(env.step(both))
+    assert not first.done and env.steps[0].action == query_step("a", "q1") and env.steps[0].step.query == "q1"
+    assert first.feedback.startswith(renderer.frame.turn_end)  # the turn is closed for the cut step
+    cut_off = query_step("b", "q2") + "\nThe final answer: and on and on"  # hit the token limit after its query
+    assert not run(env.step(cut_off, closed=False)).done and env.steps[1].step.query == "q2"
+    assert env.action_end(" Y\nThe retrieval query: q3") == 2  # after the answer step the environment began
+    assert run(env.step(" Y\nThe retrieval query: q3")).done and env.answer == "Y"
+
+
 def test_env_regenerates_a_malformed_step_up_to_format_retries_then_fails(tokenizer):
     env = RetrievalEnv(EnvConfig(format_retries=2), ChatRenderer(tokenizer), FixedSearch(), "Q?")
     assert run(env.step("garbage")).retry
@@ -346,6 +364,31 @@ def test_outcome_gold_hit_and_r3_gold_schemes_and_format_regeneration(world, ret
     assert labelled.step_rewards == pytest.approx([1.6 * n / total for n in found] + [2.0]) and sum(found) > 0
     early = run(main("gold_hit", [answer_step("no need", "yes")]))
     assert early.step_rewards == [0.0] and early.score == 0.0
+
+
+def test_stop_after_action_cuts_the_steps_tokens_where_its_query_ends(world, retriever, reward, tokenizer, model):
+    """env.stop_after_action in token space: what the policy wrote after its query is neither shown nor trained on."""
+    row = world["rows"][5]
+    first, _ = hops(row)
+
+    async def main(stop_after_action: bool):
+        env = {"stop_after_action": stop_after_action}
+        ctx = RolloutContext(config(retriever, reward, reward={"scheme": "outcome"}, env=env), tokenizer)
+        engine, script = scripted_engine(model, tokenizer, ctx)
+        both = query_step("a", first) + "\nThe final answer: a guess made too early"
+        script.plans = {row["question"]: [both, answer_step("b", row["golden_answers"][0])]}
+        result = await run_episode(ctx, engine, row["question"], json.dumps(row), SamplingParams(), 4096)
+        await ctx.aclose()
+        return result
+
+    assert run(main(False)).outcome == "format_error"
+    result = run(main(True))
+    assert result.outcome == "correct" and result.record["steps"][0]["query"] == first
+    (start, end), (next_start, _) = result.action_ranges
+    tokens = result.observation_tokens
+    assert tokenizer.decode(tokens[start:end]) == query_step("a", first)  # cut at the query's end
+    assert tokenizer.decode(tokens[end:next_start]).startswith("<|im_end|>")  # the environment's turn closes it
+    assert "too early" not in tokenizer.decode(tokens)
 
 
 def test_the_question_first_retrieval_reaches_the_prompt_and_r3_gold_pays_only_for_new_gold(

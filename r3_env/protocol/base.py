@@ -201,6 +201,15 @@ class StepFormat(ABC):
         """Text that ends a step early when a model writes on past it (given to the engine as stop strings)."""
         return ()
 
+    def action_end(self, text: str) -> int | None:
+        """Where a step ends when the model wrote on past its first action (``EnvConfig.stop_after_action``).
+
+        The index in ``text`` just past the first complete query or answer, when more text follows it; None
+        when nothing follows, or when the format cannot tell (then the whole output is parsed as it is).
+        Formats whose stop strings already end a step after its action keep this default.
+        """
+        return None
+
     def answer_prefix(self) -> str:
         """A final step up to where its answer goes, with :data:`OUT_OF_SEARCHES` as its analysis.
 

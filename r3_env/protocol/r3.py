@@ -22,6 +22,8 @@ from collections.abc import Sequence
 
 from r3_env.data import Passage
 from r3_env.protocol.base import (
+    THINK_CLOSE,
+    THINK_OPEN,
     FormatError,
     FormatReason,
     Step,
@@ -184,6 +186,42 @@ class R3Format(StepFormat):
         if len(content) > 1:
             raise FormatError(FormatReason.TEXT_AFTER_ANSWER, f"text after the answer: {content[1][:80]!r}")
         return Step(analysis=analysis, answer=content[0])
+
+    def action_end(self, text: str) -> int | None:
+        """The end of the first query or answer line after the analysis, when more text follows it.
+
+        A query or answer written on the line after its label ends with that line. A think block is skipped;
+        an action before any analysis, or an empty one followed by another label, is left to the parser.
+        """
+        start = 0
+        body = text.lstrip()
+        if body.startswith(THINK_OPEN):
+            close = text.find(THINK_CLOSE)
+            if close < 0:
+                return None
+            start = close + len(THINK_CLOSE)
+        analysis = pending = False
+        offset = start
+        for line in text[start:].split("\n"):
+            end = offset + len(line)
+            offset = end + 1
+            labelled = _label_kind(line.rstrip("\r"))
+            if pending and labelled is not None:
+                return None
+            if pending and not line.strip():
+                continue
+            if labelled is not None and labelled[0] == "analysis":
+                analysis = True
+                continue
+            if not pending and labelled is None:
+                continue
+            if not analysis:
+                return None
+            if labelled is not None and not labelled[1].strip():
+                pending = True  # the action is on the next line
+                continue
+            return end if text[end:].strip() else None
+        return None
 
     def render_documents(self, documents: Sequence[Passage], step_number: int, doc_chars: int) -> str:
         header = f"Retrieved documents for step {step_number}:"
