@@ -237,8 +237,14 @@ def test_one_ppo_iteration_on_scripted_episodes_updates_both_models_with_finite_
         trainer.close()
     resumed = make_trainer(world, tmp_path)
     try:
+        resumed.items = world["items"][:2]
         assert resumed.resume() and resumed.iteration == 1 and resumed.position == 2
         assert all(torch.equal(a, b) for a, b in zip(saved, resumed.actor.parameters(), strict=True))
+        resumed.items = world["items"][1:3]  # the prompts changed under the checkpoint: its place means nothing
+        with pytest.raises(
+            ValueError, match=r"trained on 2 questions and this run draws from 2, which differ from question 1"
+        ):
+            resumed.resume()
     finally:
         resumed.close()
 

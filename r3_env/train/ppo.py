@@ -614,6 +614,7 @@ class PPOTrainer:
             "position": self.position,
             "ptx_position": self.ptx_position,
             "kl_coef": float(self.kl_ctl.value),
+            "questions": [item.id for item in self.items],  # what `position` counts through, in its order
             "actor": self.actor.model.state_dict(),
             "actor_optim": self.actor_optim.state_dict(),
             "actor_sched": self.actor_sched.state_dict(),
@@ -633,6 +634,7 @@ class PPOTrainer:
         state = load_state(self.folder / CHECKPOINT_FILE)
         if state is None:
             return False
+        self._check_questions(state.get("questions"))
         self.actor.model.load_state_dict(state["actor"])
         self.actor_optim.load_state_dict(state["actor_optim"])
         self.actor_sched.load_state_dict(state["actor_sched"])
@@ -653,6 +655,21 @@ class PPOTrainer:
         set_rng_state(state["rng"])
         logger.info("PPO resumes after iteration %d from %s", self.iteration, self.folder / CHECKPOINT_FILE)
         return True
+
+    def _check_questions(self, trained: list[str] | None) -> None:
+        """Refuse to resume over other questions than the checkpoint's: its place in their order would point at
+        other ones. A checkpoint from before questions were saved (None), or prompts not loaded, pass."""
+        now = [item.id for item in self.items]
+        if trained is None or not now or trained == now:
+            return
+        changed = next(
+            (i for i, (a, b) in enumerate(zip(trained, now, strict=False)) if a != b), min(len(trained), len(now))
+        )
+        raise ValueError(
+            f"ppo.prompts: the checkpoint {self.folder / CHECKPOINT_FILE} trained on {len(trained)} questions and this "
+            f"run draws from {len(now)}, which differ from question {changed + 1} on (ppo.prompts edited, or "
+            "ppo.prompt_filter's retrieval index changed). Restore them to resume, or train afresh in another run.out"
+        )
 
     def close(self) -> None:
         self.health.close()
