@@ -241,9 +241,10 @@ def test_one_ppo_iteration_on_scripted_episodes_updates_both_models_with_finite_
         assert resumed.resume() and resumed.iteration == 1 and resumed.position == 2
         assert all(torch.equal(a, b) for a, b in zip(saved, resumed.actor.parameters(), strict=True))
         resumed.items = world["items"][1:3]  # the prompts changed under the checkpoint: its place means nothing
-        with pytest.raises(
-            ValueError, match=r"trained on 2 questions and this run draws from 2, which differ from question 1"
-        ):
+        with pytest.raises(ValueError, match=r"trained on 2 questions and this run draws from 2, 1 of the checkpoint"):
+            resumed.resume()
+        resumed.items = world["items"][1::-1]
+        with pytest.raises(ValueError, match=r"draws from 2, in another order"):
             resumed.resume()
     finally:
         resumed.close()

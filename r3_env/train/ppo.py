@@ -662,13 +662,12 @@ class PPOTrainer:
         now = [item.id for item in self.items]
         if trained is None or not now or trained == now:
             return
-        changed = next(
-            (i for i, (a, b) in enumerate(zip(trained, now, strict=False)) if a != b), min(len(trained), len(now))
-        )
+        missing = len(set(trained) - set(now))
+        how = f"{missing} of the checkpoint's are not among them" if missing else "in another order, or with more"
         raise ValueError(
             f"ppo.prompts: the checkpoint {self.folder / CHECKPOINT_FILE} trained on {len(trained)} questions and this "
-            f"run draws from {len(now)}, which differ from question {changed + 1} on (ppo.prompts edited, or "
-            "ppo.prompt_filter's retrieval index changed). Restore them to resume, or train afresh in another run.out"
+            f"run draws from {len(now)}, {how} (ppo.prompts edited, or ppo.prompt_filter's retrieval index changed). "
+            "Restore them to resume, or train afresh in another run.out"
         )
 
     def close(self) -> None:
