@@ -206,21 +206,23 @@ class R3Format(StepFormat):
             end = offset + len(line)
             offset = end + 1
             labelled = _label_kind(line.rstrip("\r"))
-            if pending and labelled is not None:
-                return None
-            if pending and not line.strip():
+            if pending:  # the action's label stood alone: its first non-blank line is the action
+                if labelled is not None:
+                    return None
+                if line.strip():
+                    return end if text[end:].strip() else None
                 continue
-            if labelled is not None and labelled[0] == "analysis":
+            if labelled is None:
+                continue
+            kind, rest = labelled
+            if kind == "analysis":
                 analysis = True
-                continue
-            if not pending and labelled is None:
-                continue
-            if not analysis:
+            elif not analysis:
                 return None
-            if labelled is not None and not labelled[1].strip():
-                pending = True  # the action is on the next line
-                continue
-            return end if text[end:].strip() else None
+            elif rest.strip():
+                return end if text[end:].strip() else None
+            else:
+                pending = True
         return None
 
     def render_documents(self, documents: Sequence[Passage], step_number: int, doc_chars: int) -> str:
