@@ -10,6 +10,7 @@ start-up that the scheme and the step format fit together and that the scheme ge
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,6 +97,7 @@ class RolloutContext:
         self.special_ids = set(getattr(tokenizer, "all_special_ids", []))
         self.stats = RolloutStats()
         self._log: JsonlWriter | None = None
+        self.run_id = uuid.uuid4().hex[:12]  # tells a resumed run's log rows from the crashed run's
         if config.policy.trajectory_log:
             path = Path(config.policy.trajectory_log.replace("{pid}", str(os.getpid())))
             path.parent.mkdir(parents=True, exist_ok=True)

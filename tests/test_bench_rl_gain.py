@@ -162,6 +162,12 @@ def test_what_searching_paid_is_read_from_a_seeds_training_episodes(tmp_path):
     assert "| rl_gold, seed 0 | 4 | 50 -> 50 | 1 (25.0) | 3.00 | 1.00 |" in table
     assert training_search(tmp_path / "rl_gold" / "seed1") is None  # a run that kept no log
     assert format_training_search({}) == ""
+    # a crashed run (steps 0 and 1) resumed from its step-1 checkpoint: the redone step's episodes count once
+    crashed = [{**row, "training_step": step, "run": "a"} for row, step in zip(episodes, (0, 0, 1, 1), strict=True)]
+    redone = [{**row, "training_step": 1, "run": "b"} for row in episodes[2:]]
+    with (folder / "train" / "trajectories.jsonl").open("w") as handle:
+        handle.writelines(json.dumps(row) + "\n" for row in crashed + redone)
+    assert training_search(folder)["all"] == summary["all"]
 
 
 def test_another_benchs_arm_is_read_with_its_seeds_and_refused_off_this_demo_or_its_questions(tmp_path):

@@ -23,8 +23,9 @@ from transformers import AutoModelForCausalLM
 
 from demo.services import VLLMServer
 from r3_env.config import ConfigError
-from r3_env.data import iter_corpus, read_dataset
+from r3_env.data import iter_corpus, iter_jsonl, read_dataset
 from r3_env.engines import SamplingParams, VLLMServerEngine, VLLMServerError
+from r3_env.openrlhf.figures import latest_attempts
 from r3_env.protocol import ChatRenderer, Step, Turn
 from r3_env.retrieval.index_builder import IndexBuildConfig, build_index
 from r3_env.rollout_config import RolloutConfig
@@ -211,6 +212,9 @@ def test_known_step_rewards_reach_their_tokens_in_the_trainers_advantages(world,
 
 
 def test_one_ppo_iteration_on_scripted_episodes_updates_both_models_with_finite_losses(world, tmp_path):
+    log = tmp_path / "trajectories.jsonl"
+    policy = dataclasses.replace(world["rollout"].policy, trajectory_log=str(log))
+    world = {**world, "rollout": dataclasses.replace(world["rollout"], policy=policy)}
     trainer = make_trainer(world, tmp_path)
     try:
         trainer.load_prompts()
@@ -233,6 +237,7 @@ def test_one_ppo_iteration_on_scripted_episodes_updates_both_models_with_finite_
         assert any(not torch.equal(a, b) for a, b in zip(critic_before, trainer.critic.parameters(), strict=True))
         trainer.save()
         saved = [p.detach().clone() for p in trainer.actor.parameters()]
+        trainer.step()  # a second iteration, lost to a crash before its checkpoint
     finally:
         trainer.close()
     resumed = make_trainer(world, tmp_path)
@@ -240,6 +245,12 @@ def test_one_ppo_iteration_on_scripted_episodes_updates_both_models_with_finite_
         resumed.items = world["items"][:2]
         assert resumed.resume() and resumed.iteration == 1 and resumed.position == 2
         assert all(torch.equal(a, b) for a, b in zip(saved, resumed.actor.parameters(), strict=True))
+        resumed.engine.script = Script(resumed.tokenizer, {i.question: gold_plan(i) for i in resumed.items})
+        resumed.step()  # the lost iteration again: its episodes are logged twice, and read once
+        rows = [row for _, row in iter_jsonl(log)]
+        assert [row["training_step"] for row in rows] == [0] * 4 + [1] * 8
+        assert rows[0]["run"] == rows[7]["run"] != rows[8]["run"]
+        assert latest_attempts(rows) == rows[:4] + rows[8:]
         resumed.items = world["items"][1:3]  # the prompts changed under the checkpoint: its place means nothing
         with pytest.raises(ValueError, match=r"trained on 2 questions and this run draws from 2, 1 of the checkpoint"):
             resumed.resume()

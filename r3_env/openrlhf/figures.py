@@ -59,9 +59,27 @@ def _episode_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def latest_attempts(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The log's rows without those a resumed run redid.
+
+    A trainer that knows its step (the local one) writes it and its run's id on each row. A resumed run
+    starts again from its checkpoint's step, so the rows an earlier run wrote at that step or later are
+    superseded. Rows without a step (OpenRLHF's rollout actors) are all kept."""
+    kept: list[dict[str, Any]] = []
+    run = None
+    for row in records:
+        step = row.get("training_step")
+        if step is not None and row.get("run") != run:
+            run = row.get("run")
+            kept = [r for r in kept if r.get("training_step") is None or r["training_step"] < step]
+        kept.append(row)
+    return kept
+
+
 def training_figures(files: list[Path]) -> dict[str, Any]:
-    """The trajectory logs' episodes, summed up: all of them, the first half and the last half."""
-    records = [row for path in files for _, row in iter_jsonl(path)]
+    """The trajectory logs' episodes (a resumed run's redone ones once), summed up: all of them, the first half
+    and the last half."""
+    records = latest_attempts([row for path in files for _, row in iter_jsonl(path)])
     half = len(records) // 2
     return {
         "files": [str(path) for path in files],
