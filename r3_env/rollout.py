@@ -94,7 +94,7 @@ async def run_episode(
     if env.question_documents:
         record["question_doc_ids"] = [p.id for p in env.question_documents]
     if ctx.clock is not None:  # a trainer that knows its step resumes from it: a reader drops the redone rows
-        record.update(training_step=ctx.clock(), run=ctx.run_id)
+        record.update(training_step=ctx.training_step, run=ctx.run_id)
     ctx.log(record)
     return RolloutResult(
         prompt=prompt,
