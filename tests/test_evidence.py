@@ -134,7 +134,7 @@ def test_documents_shown_with_the_question_count_as_found_and_the_first_step_say
     """env.question_docs: the evidence teacher aims past the hops those documents answered, or answers at once
     (with an analysis, which the tags format needs before any search)."""
     from r3_env.coldstart.evidence import OPENINGS_AFTER_QUESTION, SHOWN_WITH_QUESTION, EvidenceTeacher
-    from r3_env.coldstart.teacher import TeacherConfig, TeacherRequest
+    from r3_env.coldstart.teacher import QUESTION_DOCS_LACK, TeacherConfig, TeacherRequest
     from r3_env.data import Passage
 
     item = next(item for item in items_of("2wikimultihopqa") if len(evidence_hops(item)) == 2)
@@ -142,8 +142,14 @@ def test_documents_shown_with_the_question_count_as_found_and_the_first_step_say
     teacher = EvidenceTeacher(TeacherConfig(kind="evidence"), "tags")
     found = (Passage(first.gold_id, "Title\nText"),)
     step = teacher.plan(TeacherRequest([], 0.0, item, [], context=found))
+    held = first.fact or first.need
+    assert step.query == second.query and step.analysis.startswith(f"{QUESTION_DOCS_LACK} part of the evidence: ")
+    # what the shown documents hold is named before what they lack
+    assert held in step.analysis and step.analysis.index(held) < step.analysis.index(second.need)
+    nothing_held = teacher.plan(TeacherRequest([], 0.0, item, [], context=(Passage("elsewhere", "Title\nText"),)))
     openers = tuple(opening.split("{")[0] for opening in OPENINGS_AFTER_QUESTION)
-    assert step.query == second.query and step.analysis.startswith(openers)
+    assert nothing_held.query == first.query and nothing_held.analysis.startswith(openers)
+    assert "part of the evidence" not in nothing_held.analysis
     everything = (*found, Passage(second.gold_id, "Title\nText"))
     answer = teacher.plan(TeacherRequest([], 0.0, item, [], context=everything))
     assert answer.answer == item.golden_answers[0] and answer.analysis == SHOWN_WITH_QUESTION
@@ -189,3 +195,5 @@ def test_under_question_docs_both_teachers_decide_between_answering_and_searchin
         assert teacher.SHOWN_WITH_QUESTION.startswith(f"{READ_QUESTION_DOCS} They hold ")
         for opening in teacher.OPENINGS_AFTER_QUESTION:
             assert opening.startswith(f"{READ_QUESTION_DOCS} They lack ")
+    for opening in evidence.OPENINGS_HOLDING_PART:  # the evidence teacher's, when they hold part of the chain
+        assert opening.startswith(f"{READ_QUESTION_DOCS} They lack ")

@@ -14,8 +14,9 @@ retrieval step aimed at one gold paragraph (:func:`evidence_hops`):
 
 :class:`EvidenceTeacher` writes those steps in varied wordings and answers with the golden answer once
 every hop's paragraph was shown; a hop whose paragraph an earlier step already showed is skipped
-(:func:`aimed_hops`). It applies Algorithm 1's rejection to retrieval: when a step's documents miss
-its gold paragraph it gives up (answers "unknown"), so rejection sampling drops the trajectory and
+(:func:`aimed_hops`). Under ``env.question_docs`` the first analysis names the hops the question's own
+documents hold before the one it searches for. It applies Algorithm 1's rejection to retrieval: when a
+step's documents miss its gold paragraph it gives up (answers "unknown"), so rejection sampling drops the trajectory and
 the acceptance rate measures how often the annotated chain is retrievable step by step.
 """
 
@@ -190,6 +191,16 @@ OPENINGS_AFTER_QUESTION = tuple(
     f"{QUESTION_DOCS_LACK} {rest}"
     for rest in ("{need}, so I look that up.", "{need}; I search for that first.", "{need}.")
 )
+# ... and when they hold part of the chain, name that part before the missing one: a policy that never wrote
+# what the shown documents hold looked up the entity they already covered instead of the one they name
+OPENINGS_HOLDING_PART = tuple(
+    f"{QUESTION_DOCS_LACK} part of the evidence: {rest}"
+    for rest in (
+        "they hold {held}, but not {need}, so I look that up.",
+        "they hold {held}; still missing is {need}, which I search for first.",
+        "{held} is there, {need} is not.",
+    )
+)
 FOUND = (
     ("The documents give what I was looking for.", "Next I need {need}."),
     ("That search found the passage I needed.", "The next missing fact is {need}."),
@@ -234,7 +245,8 @@ class EvidenceTeacher(PlanningTeacher):
         turns = request.turns
         rng = self.rng(request)
         shown = [{doc.id for doc in turn.documents} for turn in turns]
-        aimed, remaining = aimed_hops(hops, shown, {doc.id for doc in request.context})
+        context = {doc.id for doc in request.context}
+        aimed, remaining = aimed_hops(hops, shown, context)
         if turns and aimed[-1].gold_id not in {doc.id for doc in turns[-1].documents}:
             return Step("", answer="unknown", reflection=MISSED)  # rejected: this step's gold was not retrieved
         if not remaining:
@@ -247,7 +259,8 @@ class EvidenceTeacher(PlanningTeacher):
             return Step("The chain of evidence is longer than the steps I may take.", answer="unknown")
         hop = remaining[0]
         if not turns:
-            openings = OPENINGS_AFTER_QUESTION if request.context else OPENINGS
-            return Step(rng.choice(openings).format(need=hop.need), query=hop.query)
+            held = " and ".join(done.fact or done.need for done in hops if done.gold_id in context)
+            openings = OPENINGS_HOLDING_PART if held else OPENINGS_AFTER_QUESTION if request.context else OPENINGS
+            return Step(rng.choice(openings).format(held=held, need=hop.need), query=hop.query)
         reflection, plan = rng.choice(FOUND_AFTER_QUESTION if request.context else FOUND)
         return Step(plan.format(need=hop.need), query=hop.query, reflection=reflection)
