@@ -16,8 +16,8 @@ retrieval step aimed at one gold paragraph (:func:`evidence_hops`):
 every hop's paragraph was shown; a hop whose paragraph an earlier step already showed is skipped
 (:func:`aimed_hops`). Under ``env.question_docs`` the first analysis names the hops the question's own
 documents hold before the one it searches for. It applies Algorithm 1's rejection to retrieval: when a
-step's documents miss its gold paragraph it gives up (answers "unknown"), so rejection sampling drops the trajectory and
-the acceptance rate measures how often the annotated chain is retrievable step by step.
+step's documents miss its gold paragraph it gives up (answers "unknown"), so rejection sampling drops the
+trajectory and the acceptance rate measures how often the annotated chain is retrievable step by step.
 """
 
 from __future__ import annotations
@@ -191,8 +191,8 @@ OPENINGS_AFTER_QUESTION = tuple(
     f"{QUESTION_DOCS_LACK} {rest}"
     for rest in ("{need}, so I look that up.", "{need}; I search for that first.", "{need}.")
 )
-# ... and when they hold part of the chain, name that part before the missing one: a policy that never wrote
-# what the shown documents hold looked up the entity they already covered instead of the one they name
+# ... and when they hold part of the chain, name that part before the missing one, so that the transcripts show
+# which entity is already covered (docs/results.md: SmolLM2-135M learns the sentence, not yet the skill)
 OPENINGS_HOLDING_PART = tuple(
     f"{QUESTION_DOCS_LACK} part of the evidence: {rest}"
     for rest in (
