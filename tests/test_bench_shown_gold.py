@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "bench"))
-
-from shown_gold import Lookups, count_lookups, title_key
-
 from r3_env.data import Passage
 from r3_env.retrieval.bm25 import BM25Retriever
+
+# loaded from its file: bench/ on sys.path would shadow the reward_server package with bench/reward_server.py
+_spec = importlib.util.spec_from_file_location("shown_gold", ROOT / "bench" / "shown_gold.py")
+shown_gold = sys.modules["shown_gold"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(shown_gold)
+Lookups, count_lookups, title_key = shown_gold.Lookups, shown_gold.count_lookups, shown_gold.title_key
 
 PASSAGES = [
     Passage.from_title_text(
