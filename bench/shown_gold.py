@@ -20,10 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from r3_env.coldstart.evidence import title_key
 
 logger = logging.getLogger("shown_gold")
 
@@ -39,11 +40,6 @@ class Lookups:
     found_by_policy: int = 0  # some search showed the missing gold
     found_by_bm25: int = 0  # single-shot BM25 with the question has it in its top k
     found_by_both: int = 0
-
-
-def title_key(title: str) -> str:
-    """A title as a query would name it: lower case, parenthesised parts and extra spaces dropped."""
-    return " ".join(re.sub(r"\([^)]*\)", " ", title).casefold().split())
 
 
 def count_lookups(
@@ -83,18 +79,18 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
-    from r3_env.data import iter_corpus
+    from r3_env.data import iter_corpus, iter_jsonl
     from r3_env.retrieval.bm25 import BM25Retriever
 
     demo = Path(args.demo)
-    titles = {p.id: p.contents.split("\n", 1)[0] for p in iter_corpus(demo / "data" / "corpus.jsonl")}
+    titles = {p.id: p.title for p in iter_corpus(demo / "data" / "corpus.jsonl")}
     retriever = BM25Retriever.load(demo / "index" / "bm25")
 
     def bm25_top(question: str) -> set[str]:
         return {hit.passage.id for hit in retriever.search([question], args.k)[0]}
 
     for path in args.predictions:
-        rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+        rows = (row for _, row in iter_jsonl(path))
         counts = count_lookups(rows, titles, bm25_top, args.dataset)
         logger.info("%s: %s", path, json.dumps(asdict(counts)))
 

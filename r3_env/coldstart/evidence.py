@@ -67,13 +67,20 @@ def _supporting(item: QAItem) -> list[tuple[str, str]]:
     return list(zip(ids, titles or [""] * len(ids), strict=True))
 
 
-def _name(text: str) -> str:
-    """A title or subject for comparison: lower case, parenthesised parts and extra spaces dropped."""
+def title_key(text: str) -> str:
+    """A title or subject for comparison: lower case, parenthesised parts and extra spaces dropped (also how a
+    query names it, bench/shown_gold.py)."""
     return " ".join(re.sub(r"\([^)]*\)", " ", text).casefold().split())
 
 
+def _similarity(subject: str, title: str) -> float:
+    """2.0 for the same title key, else difflib's ratio of the two keys (at most 1.0)."""
+    a, b = title_key(subject), title_key(title)
+    return 2.0 if a == b else difflib.SequenceMatcher(None, a, b).ratio()
+
+
 def _words(text: str) -> set[str]:
-    return set(re.findall(r"\w+", _name(text)))
+    return set(re.findall(r"\w+", title_key(text)))
 
 
 def match_subjects(subjects: Sequence[str], golds: Sequence[tuple[str, str]]) -> dict[str, str]:
@@ -84,11 +91,7 @@ def match_subjects(subjects: Sequence[str], golds: Sequence[tuple[str, str]]) ->
     song)", or "Charles James Mathew" vs "Charles Mathew" when another gold is "James Charles Mathew".
     """
     names = list(dict.fromkeys(subjects))
-    score = {
-        (s, g): difflib.SequenceMatcher(None, _name(s), _name(t)).ratio() if _name(s) != _name(t) else 2.0
-        for s in names
-        for g, t in golds
-    }
+    score = {(s, g): _similarity(s, t) for s in names for g, t in golds}
     slots = [g for g, _ in golds] + [None] * len(names)  # None: the subject matches no gold paragraph
     best: tuple[float, tuple] = (-1.0, ())
     for chosen in itertools.permutations(slots, len(names)):
