@@ -21,9 +21,11 @@ Reaching ``max_steps`` retrievals without an answer ends the episode with no ans
 ``answer_at_limit``, shows the last documents and starts the final step for the policy (the format's
 :meth:`answer_prefix`), so that its next words are the answer: how FlashRAG's iterative pipelines
 answer once their iterations run out. With ``stop_after_action``, a step ends with its first query or
-answer, as a tool call ends a model's turn, and what the policy wrote after it is dropped. Every step
-leaves a :class:`StepRecord` (the parsed step, document ids and titles, later the judge's relevance):
-the record is what rewards, logs and evaluation read.
+answer, as a tool call ends a model's turn, and what the policy wrote after it is dropped. With
+``query_with_question``, each search runs the step's query followed by the question, as Query2doc expands
+a query for BM25; the record keeps the policy's query. Every step leaves a :class:`StepRecord` (the parsed
+step, document ids and titles, later the judge's relevance): the record is what rewards, logs and
+evaluation read.
 """
 
 from __future__ import annotations
@@ -67,6 +69,9 @@ class EnvConfig:
     # a step ends with its first query or answer line, as a tool call ends a model's turn: what the policy
     # wrote after it (an answer after its query, say) is dropped, not a format error, and never trained on
     stop_after_action: bool = False
+    # each search runs the step's query followed by the question (Query2doc's expansion for a sparse
+    # retriever): the question's words keep a short entity query on the question's passages
+    query_with_question: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "topk", "doc_chars", "max_step_tokens", "max_query_chars"):
@@ -266,7 +271,8 @@ class RetrievalEnv:
 
     async def _retrieve(self, action_text: str, parsed: Step, turn_ended: bool) -> StepResult:
         limit, k = self.config.max_query_chars, self.config.topk
-        found = await asyncio.gather(*(self.search(query[:limit], k) for query in parsed.searches))
+        suffix = f" {self.question}" if self.config.query_with_question else ""
+        found = await asyncio.gather(*(self.search(f"{query}{suffix}"[:limit], k) for query in parsed.searches))
         passages = list({hit.passage.id: hit.passage for hits in found for hit in hits}.values())
         kept = self._select(passages)
         record = StepRecord(

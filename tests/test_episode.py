@@ -135,6 +135,37 @@ def test_the_questions_own_documents_are_shown_recorded_read_back_and_counted_as
         question_documents_of({"question_documents": [{"id": "1"}]})
 
 
+def test_query_with_question_searches_the_query_followed_by_the_question_and_records_the_query():
+    """env.query_with_question over a real BM25 index: the bare entity query finds the wrong "Mercury", the
+    query with the question's words the planet; the step's record keeps what the policy wrote."""
+    from r3_env.retrieval.bm25 import BM25Retriever
+
+    retriever = BM25Retriever.from_passages(
+        [
+            Passage.from_title_text("element", "Mercury (element)", "Mercury is an element. Mercury is a metal."),
+            Passage.from_title_text("planet", "Mercury (planet)", "The planet nearest the sun; a year lasts 88 days."),
+        ]
+    )
+    sent: list[str] = []
+
+    async def search(query: str, k: int) -> list[Hit]:
+        sent.append(query)
+        return (await asyncio.to_thread(retriever.search, [query], k))[0]
+
+    question = "How many days does a year last on the planet closest to the sun?"
+    renderer = MessageRenderer("r3")
+    step = renderer.format.render_step(Step(analysis="I look up the planet.", query="Mercury"))
+    found = {}
+    for expand in (False, True):
+        env = RetrievalEnv(EnvConfig(max_steps=2, topk=1, query_with_question=expand), renderer, search, question)
+        env.reset()
+        asyncio.run(env.step(step))
+        found[expand] = env.steps[0].doc_ids
+        assert env.steps[0].step.query == "Mercury"
+    assert sent == ["Mercury", f"Mercury {question}"]
+    assert found == {False: ["element"], True: ["planet"]}
+
+
 # -- a scheme with a signal of its own: this file and one registry line ---------------------------------------
 
 
