@@ -46,7 +46,8 @@ documents as rows: the question as the one query, top-K with K the mean document
 questions the demo's untrained model also reads the documents, naive RAG as bench/real_data_learning.py
 does, for EM and F1). Since an arm's seeds can read different numbers of documents, a last table puts
 each RL run's Full-Recall (the arm over its seeds, and each seed) beside BM25's at that run's own K per
-dataset. With ``sft_more`` in OUT, a second table gives every other trained arm
+dataset, and beside BM25's at each question's own documents (a mean rounded to K can favour either side).
+With ``sft_more`` in OUT, a second table gives every other trained arm
 minus ``sft_more`` per dataset and answer form, the same way: the comparison that says whether RL beat
 more SFT.
 ``--against ARM_FOLDER`` (repeatable) adds another bench's saved arm on the same questions, for example
@@ -198,16 +199,19 @@ def format_versus_bm25(checks: dict[str, dict[str, dict[str, dict[str, float]]]]
     if not datasets:
         return ""
     lines = ["Full-Recall % of each RL run against single-shot BM25 at the run's own documents (K: its mean "
-             "documents per dataset, rounded):", "", f"| run | {' | '.join(datasets)} |",
-             f"|---|{'---|' * len(datasets)}"]  # fmt: skip
+             "documents per dataset, rounded; then per question, K: the documents that question's episode read):",
+             "", f"| run | {' | '.join(datasets)} |", f"|---|{'---|' * len(datasets)}"]  # fmt: skip
     for arm, runs in checks.items():
         for label, per_dataset in runs.items():
             cells = []
             for name in datasets:
                 check = per_dataset[name]
                 diff = 100 * (check["full_recall"] - check["bm25_full_recall"])
+                own = 100 * (check["full_recall"] - check["bm25_own_full_recall"])
                 cells.append(f"{100 * check['full_recall']:.1f} vs {100 * check['bm25_full_recall']:.1f} at K = "
-                             f"{check['k']} ({diff:+.1f}{', below' if diff < 0 else ''})")  # fmt: skip
+                             f"{check['k']} ({diff:+.1f}{', below' if diff < 0 else ''}); vs "
+                             f"{100 * check['bm25_own_full_recall']:.1f} per question ({own:+.1f}"
+                             f"{', below' if own < 0 else ''})")  # fmt: skip
             lines.append(f"| {arm}, {label} | {' | '.join(cells)} |")
     return "\n".join(lines) + "\n"
 
@@ -731,9 +735,11 @@ class RLGain:
         self, arms: dict[str, list[dict[str, dict[str, Any]]]], seeds: dict[str, list[int | None]]
     ) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
         """Each RL arm's Full-Recall per dataset beside single-shot BM25's at its own documents: {arm: {run:
-        {dataset: {k, full_recall, bm25_full_recall}}}}, the run being the arm over its seeds and, with more
-        than one, each seed alone. Seeds that learned to search more or less read different numbers of
-        documents, so a K from their mean can match none of them; the goal asks for each run's own."""
+        {dataset: {k, full_recall, bm25_full_recall, bm25_own_full_recall}}}}, the run being the arm over its
+        seeds and, with more than one, each seed alone. Seeds that learned to search more or less read different
+        numbers of documents, so a K from their mean can match none of them; the goal asks for each run's own.
+        ``bm25_own_full_recall`` matches each question's own documents instead of the dataset's mean rounded,
+        which can favour either side by up to half a document per question."""
         checks: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
         for arm in (arm for arm in arms if arm.startswith("rl_")):
             runs = {f"{len(arms[arm])} seeds": arms[arm]} if len(arms[arm]) > 1 else {}
@@ -742,17 +748,39 @@ class RLGain:
             for label, per_seed in runs.items():
                 ks = self.matched_ks(per_seed)
                 bm25 = self.bm25_scores(ks)
+                own = self.bm25_at_own_documents(per_seed)
                 checks[arm][label] = {}
                 for name, k in ks.items():
                     keys = [key for key, info in self.questions.items() if info["dataset"] == name]
                     mine = [v for key in keys if (v := seed_mean(per_seed, key, "full_recall")) is not None]
                     theirs = [bm25[key]["full_recall"] for key in keys if scored(bm25, key, "full_recall")]
+                    matched = [own[key] for key in keys if key in own]
                     checks[arm][label][name] = {
                         "k": k,
                         "full_recall": statistics.fmean(mine) if mine else 0.0,
                         "bm25_full_recall": statistics.fmean(theirs) if theirs else 0.0,
+                        "bm25_own_full_recall": statistics.fmean(matched) if matched else 0.0,
                     }
         return checks
+
+    def bm25_at_own_documents(self, per_seed: list[dict[str, dict[str, Any]]]) -> dict[str, float]:
+        """Single-shot BM25's Full-Recall per question at the documents that question's episode read, averaged
+        over the seeds: one BM25 run per dataset and K read (an episode that read nothing: 0)."""
+        from r3_env.runs import dataset_names, dataset_paths
+
+        names = dataset_names(dataset_paths(self.data.eval))
+        read = {int(rows[key]["docs"]) for rows in per_seed for key in rows if scored(rows, key, "docs")}
+        at = {k: self.bm25_scores(dict.fromkeys(names, k)) for k in sorted(read - {0})}
+        matched = {}
+        for key in self.questions:
+            values = []
+            for rows in (rows for rows in per_seed if scored(rows, key, "docs")):
+                k = int(rows[key]["docs"])
+                if k == 0 or scored(at[k], key, "full_recall"):
+                    values.append(at[k][key]["full_recall"] if k else 0.0)
+            if values:
+                matched[key] = statistics.fmean(values)
+        return matched
 
     def matched_ks(self, arm: list[dict[str, dict[str, Any]]]) -> dict[str, int]:
         """The arm's mean documents read per dataset, as BM25's K."""

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import ROOT, run_r3rag
@@ -134,12 +135,30 @@ def test_the_control_table_takes_each_trained_arm_minus_sft_more_per_answer_form
 
 
 def test_each_rl_run_is_set_beside_bm25_at_its_own_documents_and_a_run_below_it_is_flagged():
-    checks = {"rl_gold": {"seed 2": {"hotpotqa": {"k": 6, "full_recall": 0.576, "bm25_full_recall": 0.606},
-                                     "2wiki": {"k": 6, "full_recall": 0.358, "bm25_full_recall": 0.301}}}}  # fmt: skip
+    checks = {"rl_gold": {"seed 2": {
+        "hotpotqa": {"k": 6, "full_recall": 0.576, "bm25_full_recall": 0.606, "bm25_own_full_recall": 0.566},
+        "2wiki": {"k": 6, "full_recall": 0.358, "bm25_full_recall": 0.301, "bm25_own_full_recall": 0.36}}}}  # fmt: skip
     table = format_versus_bm25(checks)
     assert "| run | hotpotqa | 2wiki |" in table
-    assert "| rl_gold, seed 2 | 57.6 vs 60.6 at K = 6 (-3.0, below) | 35.8 vs 30.1 at K = 6 (+5.7) |" in table
+    assert ("| rl_gold, seed 2 | 57.6 vs 60.6 at K = 6 (-3.0, below); vs 56.6 per question (+1.0) | "
+            "35.8 vs 30.1 at K = 6 (+5.7); vs 36.0 per question (-0.2, below) |") in table  # fmt: skip
     assert format_versus_bm25({}) == ""  # no RL arm: no table
+
+
+def test_bm25_at_each_questions_own_documents_averages_over_the_seeds():
+    """Per question, BM25 at the documents each seed's episode read (one run per K, none at 0); the bench's BM25
+    runs are replaced by a rule (recall only from K = 3), since only the matching is under test here."""
+    asked: list[dict[str, int]] = []
+
+    def bm25_scores(ks: dict[str, int]) -> dict[str, dict[str, float]]:
+        asked.append(ks)
+        return {"a/1": {"full_recall": float(ks["a"] >= 3)}, "a/2": {"full_recall": 1.0}}
+
+    bench = SimpleNamespace(questions={"a/1": {"dataset": "a"}, "a/2": {"dataset": "a"}, "a/3": {"dataset": "a"}},
+                            data=SimpleNamespace(eval="data/a/eval.jsonl"), bm25_scores=bm25_scores)  # fmt: skip
+    per_seed = [{"a/1": {"docs": 2}, "a/2": {"docs": 0}}, {"a/1": {"docs": 3}, "a/2": {"docs": 2}}]
+    assert RLGain.bm25_at_own_documents(bench, per_seed) == {"a/1": 0.5, "a/2": 0.5}  # a/3: no seed read it
+    assert asked == [{"a": 2}, {"a": 3}]
 
 
 def test_what_searching_paid_is_read_from_a_seeds_training_episodes(tmp_path):
@@ -340,6 +359,7 @@ def test_every_arm_trains_from_the_sft_policy_and_the_table_has_their_rows_and_c
     for arm, runs in versus.items():
         assert list(runs) == ["2 seeds", "seed 0", "seed 1"]
         assert all(run["world"]["k"] >= 1 and 0 <= run["world"]["bm25_full_recall"] <= 1 for run in runs.values())
+        assert all(0 <= run["world"]["bm25_own_full_recall"] <= 1 for run in runs.values())
         seed0 = json.loads((out / arm / "seed0" / "result.json").read_text())["scores"].values()
         assert runs["seed 0"]["world"]["full_recall"] == pytest.approx(
             statistics.fmean(row["full_recall"] for row in seed0))  # fmt: skip
