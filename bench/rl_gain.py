@@ -303,6 +303,12 @@ class OtherArm:
     scores: list[dict[str, dict[str, Any]]]
     policies: list[str]
     rules_differ: list[dict[str, Any]]
+    seeds: list[int | None]
+
+    @property
+    def is_rl(self) -> bool:
+        """Whether the arm is an RL arm (``rl_*``), whose Full-Recall the goal sets beside BM25's."""
+        return self.label.rsplit("/", 1)[-1].startswith("rl_")
 
 
 def evaluation_rules_differ(result: dict[str, Any], demo_out: Path, env: dict[str, Any]) -> dict[str, Any]:
@@ -364,7 +370,11 @@ def read_other_arm(
                              f"this bench's, and its policy {policy or '(none recorded)'} is gone, so it cannot "
                              "be evaluated again; give an arm whose policy is saved")  # fmt: skip
     return OtherArm(
-        f"{folder.parent.name}/{folder.name}", [result["scores"] for _, result, _ in results], policies, differ
+        f"{folder.parent.name}/{folder.name}",
+        [result["scores"] for _, result, _ in results],
+        policies,
+        differ,
+        [result.get("seed", number) for number, (_, result, _) in enumerate(results)],  # older results: their order
     )
 
 
@@ -741,7 +751,7 @@ class RLGain:
         ``bm25_own_full_recall`` matches each question's own documents instead of the dataset's mean rounded,
         which can favour either side by up to half a document per question."""
         checks: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
-        for arm in (arm for arm in arms if arm.startswith("rl_")):
+        for arm in (arm for arm in arms if arm.rsplit("/", 1)[-1].startswith("rl_")):
             runs = {f"{len(arms[arm])} seeds": arms[arm]} if len(arms[arm]) > 1 else {}
             runs |= {f"seed {seed}": [scores] for seed, scores in zip(seeds[arm], arms[arm], strict=True)}
             checks[arm] = {}
@@ -945,7 +955,13 @@ def main() -> None:
                     results[arm].append(saved["scores"])
                     per_seed[arm].append(seed_summary(saved))
         bm25, ks = bench.bm25_rows(results)
-        versus = bench.versus_bm25(results, {arm: [m["seed"] for m in per_seed[arm]] for arm in results})
+        # RL arms of --against too (their policies evaluated again under this bench's rules, say)
+        rl_others = {name: other for name, other in others.items() if other.is_rl}
+        versus = bench.versus_bm25(
+            {**results, **{name: other.scores for name, other in rl_others.items()}},
+            {**{arm: [m["seed"] for m in per_seed[arm]] for arm in results},
+             **{name: other.seeds for name, other in rl_others.items()}},
+        )  # fmt: skip
     listed = [arm for arm in ARMS if arm in results]  # this invocation's arms and every other arm saved in OUT
     arms_here = {arm: results[arm] for arm in listed}
     table_arms = arms_here | {name: other.scores for name, other in others.items()} | bm25

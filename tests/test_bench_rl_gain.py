@@ -211,8 +211,10 @@ def test_another_benchs_arm_is_read_with_its_seeds_and_refused_off_this_demo_or_
     (first / "rl_gain.json").write_text(json.dumps({"demo": str(demo)}))
     other = read_other_arm(first / "sft", questions, demo)
     assert other.label == "rl_gain_first/sft" and len(other.scores) == 1 and other.rules_differ == [{}]
+    assert not other.is_rl
     other = read_other_arm(first / "rl_gold", questions, demo)
     assert other.label == "rl_gain_first/rl_gold" and [seed["a/1"]["em"] for seed in other.scores] == [0.0, 1.0]
+    assert other.seeds == [0, 1] and other.is_rl  # these results name no seed: their order
     with pytest.raises(ValueError, match="has no score for 1 of the 3 questions compared here"):
         read_other_arm(first / "sft", questions | {"a/4": {"dataset": "a", "type": "x"}}, demo)
     save(first / "rl_gold" / "seed2", 1.0, {"start": "p", "seed": 2}, keys=["a/1"])  # one seed misses a/2
@@ -518,13 +520,19 @@ def test_another_start_and_a_group_batch_set_the_arms_start_and_their_iterations
     limit = tmp_path / "at_limit"
     rules = [sys.executable, str(ROOT / "bench" / "rl_gain.py"), "--demo", str(demo), "--arms", "sft",
              "--dev_questions", "4", "--eval_engine", "hf", "--start", str(start), "--out", str(limit),
-             "--resamples", "200", "--set", "env.answer_at_limit=true", "--against", str(out / "sft_more")]  # fmt: skip
+             "--resamples", "200", "--set", "env.answer_at_limit=true", "--against", str(out / "sft_more"),
+             "--against", str(out / "rl_outcome")]  # fmt: skip
     again = subprocess.run(rules, capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "evaluated with env {'answer_at_limit': False}; evaluating its policy again" in again.stderr
     assert json.loads((limit / "sft" / "result.json").read_text())["settings"]["env"] == {"answer_at_limit": True}
     prefix = evaluation_run_prefix(limit)  # this bench's runs: every one under the rules
     runs = [json.loads(path.read_text()) for path in (demo / "eval").glob(f"{prefix}*/run.json")]
-    assert {run["name"].removeprefix(prefix) for run in runs} == {
-        "sft_q4", "against_from_ppo_sft_more_0_q4", "bm25_world_k1_q4"}  # fmt: skip
+    names = {run["name"].removeprefix(prefix) for run in runs}
+    # the start, the two arms evaluated again, and BM25 at the documents read (the RL arm's per question too)
+    assert {"sft_q4", "against_from_ppo_sft_more_0_q4", "against_from_ppo_rl_outcome_0_q4"} <= names
+    assert all(name.startswith("bm25_world_k") for name in names - {"sft_q4"} if not name.startswith("against_"))
     assert all(run["env"]["answer_at_limit"] for run in runs)
+    # an --against RL arm's Full-Recall is set beside BM25's at its own documents, as this bench's RL arms are
+    versus = json.loads((limit / "rl_gain.json").read_text())["vs_bm25"]
+    assert list(versus) == ["from_ppo/rl_outcome"] and list(versus["from_ppo/rl_outcome"]) == ["seed 0"]
