@@ -52,7 +52,8 @@ minus ``sft_more`` per dataset and answer form, the same way: the comparison tha
 more SFT.
 ``--against ARM_FOLDER`` (repeatable) adds another bench's saved arm on the same questions, for example
 the first bench's ``sft`` when this one starts from its ``sft_more``: a row of the table, and a table of
-every arm here minus it (per dataset and answer form).
+every arm here minus it (per dataset and answer form); an RL arm's Full-Recall is also set beside BM25's at
+its own documents, as this bench's RL arms are.
 
 Each (arm, seed) trains into OUT/ARM/seedS/train (a rerun resumes) and keeps its per-question scores in
 OUT/ARM/seedS/result.json, so seeds can run in separate invocations and the table is rebuilt from every
@@ -323,6 +324,12 @@ def evaluation_rules_differ(result: dict[str, Any], demo_out: Path, env: dict[st
     return {key: ran.get(key) for key, value in env.items() if ran.get(key) != value}
 
 
+def seed_of(path: Path) -> int | None:
+    """The seed a result file's folder names (OUT/ARM/seedS/result.json), None for OUT/ARM/result.json."""
+    name = path.parent.name
+    return int(name.removeprefix("seed")) if name.startswith("seed") and name[4:].isdigit() else None
+
+
 def read_other_arm(
     folder: Path, questions: dict[str, dict[str, str]], demo_out: Path, env: dict[str, Any] | None = None
 ) -> OtherArm:
@@ -374,7 +381,7 @@ def read_other_arm(
         [result["scores"] for _, result, _ in results],
         policies,
         differ,
-        [result.get("seed", number) for number, (_, result, _) in enumerate(results)],  # older results: their order
+        [result.get("seed", seed_of(path)) for path, result, _ in results],
     )
 
 
@@ -775,16 +782,16 @@ class RLGain:
 
     def bm25_at_own_documents(self, per_seed: list[dict[str, dict[str, Any]]]) -> dict[str, float]:
         """Single-shot BM25's Full-Recall per question at the documents that question's episode read, averaged
-        over the seeds: one BM25 run per dataset and K read (an episode that read nothing: 0)."""
+        over the seeds: one retrieval-only BM25 run per dataset and K read (an episode that read nothing: 0)."""
         from r3_env.runs import dataset_names, dataset_paths
 
         names = dataset_names(dataset_paths(self.data.eval))
-        read = {int(rows[key]["docs"]) for rows in per_seed for key in rows if scored(rows, key, "docs")}
-        at = {k: self.bm25_scores(dict.fromkeys(names, k)) for k in sorted(read - {0})}
+        read = {int(rows[key]["docs"]) for rows in per_seed for key in self.questions if scored(rows, key, "docs")}
+        at = {k: self.bm25_scores(dict.fromkeys(names, k), reader=False) for k in sorted(read - {0})}
         matched = {}
         for key in self.questions:
-            values = []
-            for rows in (rows for rows in per_seed if scored(rows, key, "docs")):
+            values = []  # only where the run's own Full-Recall is defined (the question names gold passages)
+            for rows in (rows for rows in per_seed if scored(rows, key, "docs") and scored(rows, key, "full_recall")):
                 k = int(rows[key]["docs"])
                 if k == 0 or scored(at[k], key, "full_recall"):
                     values.append(at[k][key]["full_recall"] if k else 0.0)
@@ -804,18 +811,19 @@ class RLGain:
             ks[name] = matched_k(statistics.fmean(docs) if docs else 1.0)
         return ks
 
-    def bm25_scores(self, ks: dict[str, int]) -> dict[str, dict[str, Any]]:
+    def bm25_scores(self, ks: dict[str, int], reader: bool = True) -> dict[str, dict[str, Any]]:
         """Per-question scores of single-shot BM25 at ``ks`` (K per dataset); each (dataset, K) runs once.
-        Retrieval only (Full-Recall, in seconds), unless ``--bm25_reader`` on real questions: then the demo's
-        untrained model reads the K documents (naive RAG) for EM and F1 too, about 25 minutes per K over the
-        508 real eval questions on 2 cores. The world's untrained policy is random, so it never reads them."""
+        Retrieval only (Full-Recall, in seconds), unless ``--bm25_reader`` on real questions (and ``reader``):
+        then the demo's untrained model reads the K documents (naive RAG) for EM and F1 too, about 25 minutes
+        per K over the 508 real eval questions on 2 cores. The world's untrained policy is random, so it never
+        reads them."""
         from r3_env.runs import dataset_names, dataset_paths
 
         files = dataset_paths(self.data.eval)
         scores: dict[str, dict[str, Any]] = {}
         for name, path in zip(dataset_names(files), files, strict=True):
             k = ks[name]
-            if self.demo.config.data and self.args.bm25_reader:
+            if reader and self.demo.config.data and self.args.bm25_reader:
                 run = self.evaluate(f"{BM25}_rag_{name}_k{k}_q{self.dev_questions}", self.demo.untrained_policy,
                                     str(path), eval_method="naive_rag", naive_topk=k)  # fmt: skip
             else:
@@ -948,7 +956,7 @@ def main() -> None:
         # name joins the table when its settings match these (else it is left out, with a warning)
         for arm in ARMS[1:]:
             for path in sorted(bench.folder(arm, None).glob(f"seed*/{RESULT}")):
-                seed = int(path.parent.name.removeprefix("seed"))
+                seed = seed_of(path)
                 if arm in ordered and seed in args.seed_list:
                     continue
                 if (saved := bench.read_result(arm, seed, strict=arm in ordered)) is not None:

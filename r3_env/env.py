@@ -22,10 +22,10 @@ Reaching ``max_steps`` retrievals without an answer ends the episode with no ans
 :meth:`answer_prefix`), so that its next words are the answer: how FlashRAG's iterative pipelines
 answer once their iterations run out. With ``stop_after_action``, a step ends with its first query or
 answer, as a tool call ends a model's turn, and what the policy wrote after it is dropped. With
-``query_with_question``, each search runs the step's query followed by the question, as Query2doc expands
-a query for BM25; the record keeps the policy's query. Every step leaves a :class:`StepRecord` (the parsed
-step, document ids and titles, later the judge's relevance): the record is what rewards, logs and
-evaluation read.
+``query_with_question``, each search runs the step's query followed by the question, as Query2doc joins
+the original query to generated text for BM25; the record keeps the policy's query. Every step leaves a
+:class:`StepRecord` (the parsed step, document ids and titles, later the judge's relevance): the record is
+what rewards, logs and evaluation read.
 """
 
 from __future__ import annotations
@@ -69,8 +69,8 @@ class EnvConfig:
     # a step ends with its first query or answer line, as a tool call ends a model's turn: what the policy
     # wrote after it (an answer after its query, say) is dropped, not a format error, and never trained on
     stop_after_action: bool = False
-    # each search runs the step's query followed by the question (Query2doc's expansion for a sparse
-    # retriever): the question's words keep a short entity query on the question's passages
+    # each search runs the step's query followed by the question (as Query2doc joins the original query to
+    # generated text for BM25): the question's words keep a short entity query on the question's passages
     query_with_question: bool = False
 
     def __post_init__(self) -> None:

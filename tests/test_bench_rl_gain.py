@@ -214,7 +214,10 @@ def test_another_benchs_arm_is_read_with_its_seeds_and_refused_off_this_demo_or_
     assert not other.is_rl
     other = read_other_arm(first / "rl_gold", questions, demo)
     assert other.label == "rl_gain_first/rl_gold" and [seed["a/1"]["em"] for seed in other.scores] == [0.0, 1.0]
-    assert other.seeds == [0, 1] and other.is_rl  # these results name no seed: their order
+    assert other.seeds == [0, 1] and other.is_rl  # these results name no seed: their folders do
+    save(first / "rl_sparse" / "seed10", 0.0, {"start": "p"})
+    save(first / "rl_sparse" / "seed2", 0.0, {"start": "p"})
+    assert read_other_arm(first / "rl_sparse", questions, demo).seeds == [10, 2]  # read in text order
     with pytest.raises(ValueError, match="has no score for 1 of the 3 questions compared here"):
         read_other_arm(first / "sft", questions | {"a/4": {"dataset": "a", "type": "x"}}, demo)
     save(first / "rl_gold" / "seed2", 1.0, {"start": "p", "seed": 2}, keys=["a/1"])  # one seed misses a/2
@@ -530,7 +533,7 @@ def test_another_start_and_a_group_batch_set_the_arms_start_and_their_iterations
     runs = [json.loads(path.read_text()) for path in (demo / "eval").glob(f"{prefix}*/run.json")]
     names = {run["name"].removeprefix(prefix) for run in runs}
     # the start, the two arms evaluated again, and BM25 at the documents read (the RL arm's per question too)
-    assert {"sft_q4", "against_from_ppo_sft_more_0_q4", "against_from_ppo_rl_outcome_0_q4"} <= names
+    assert {"sft_q4", "against_from_ppo_sft_more_0_q4", "against_from_ppo_rl_outcome_0_q4", "bm25_world_k1_q4"} <= names
     assert all(name.startswith("bm25_world_k") for name in names - {"sft_q4"} if not name.startswith("against_"))
     assert all(run["env"]["answer_at_limit"] for run in runs)
     # an --against RL arm's Full-Recall is set beside BM25's at its own documents, as this bench's RL arms are
