@@ -786,12 +786,16 @@ class RLGain:
         from r3_env.runs import dataset_names, dataset_paths
 
         names = dataset_names(dataset_paths(self.data.eval))
-        read = {int(rows[key]["docs"]) for rows in per_seed for key in self.questions if scored(rows, key, "docs")}
+
+        def counted(rows: dict[str, dict[str, Any]], key: str) -> bool:  # its own Full-Recall defined: gold named
+            return scored(rows, key, "docs") and scored(rows, key, "full_recall")
+
+        read = {int(rows[key]["docs"]) for rows in per_seed for key in self.questions if counted(rows, key)}
         at = {k: self.bm25_scores(dict.fromkeys(names, k), reader=False) for k in sorted(read - {0})}
         matched = {}
         for key in self.questions:
-            values = []  # only where the run's own Full-Recall is defined (the question names gold passages)
-            for rows in (rows for rows in per_seed if scored(rows, key, "docs") and scored(rows, key, "full_recall")):
+            values = []
+            for rows in (rows for rows in per_seed if counted(rows, key)):
                 k = int(rows[key]["docs"])
                 if k == 0 or scored(at[k], key, "full_recall"):
                     values.append(at[k][key]["full_recall"] if k else 0.0)

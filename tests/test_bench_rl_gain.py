@@ -150,14 +150,20 @@ def test_bm25_at_each_questions_own_documents_averages_over_the_seeds():
     runs are replaced by a rule (recall only from K = 3), since only the matching is under test here."""
     asked: list[dict[str, int]] = []
 
-    def bm25_scores(ks: dict[str, int]) -> dict[str, dict[str, float]]:
+    def bm25_scores(ks: dict[str, int], reader: bool = True) -> dict[str, dict[str, float]]:
+        assert not reader  # retrieval only: the reader's EM is not compared here
         asked.append(ks)
         return {"a/1": {"full_recall": float(ks["a"] >= 3)}, "a/2": {"full_recall": 1.0}}
 
     bench = SimpleNamespace(questions={"a/1": {"dataset": "a"}, "a/2": {"dataset": "a"}, "a/3": {"dataset": "a"}},
                             data=SimpleNamespace(eval="data/a/eval.jsonl"), bm25_scores=bm25_scores)  # fmt: skip
-    per_seed = [{"a/1": {"docs": 2}, "a/2": {"docs": 0}}, {"a/1": {"docs": 3}, "a/2": {"docs": 2}}]
-    assert RLGain.bm25_at_own_documents(bench, per_seed) == {"a/1": 0.5, "a/2": 0.5}  # a/3: no seed read it
+
+    def read(docs: int, recall: float | None = 1.0) -> dict[str, float | None]:
+        return {"docs": docs, "full_recall": recall}
+
+    per_seed = [{"a/1": read(2), "a/2": read(0), "a/3": read(4, None)}, {"a/1": read(3), "a/2": read(2)}]
+    # a/3 names no gold passage (its own Full-Recall undefined): left out, and K = 4 is never run
+    assert RLGain.bm25_at_own_documents(bench, per_seed) == {"a/1": 0.5, "a/2": 0.5}
     assert asked == [{"a": 2}, {"a": 3}]
 
 
