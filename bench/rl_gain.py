@@ -308,8 +308,13 @@ class OtherArm:
 
     @property
     def is_rl(self) -> bool:
-        """Whether the arm is an RL arm (``rl_*``), whose Full-Recall the goal sets beside BM25's."""
-        return self.label.rsplit("/", 1)[-1].startswith("rl_")
+        return is_rl_arm(self.label)
+
+
+def is_rl_arm(name: str) -> bool:
+    """Whether an arm, this bench's (``rl_gold``) or another's (``OUT/rl_gold``), is an RL arm, whose Full-Recall
+    the goal sets beside BM25's."""
+    return name.rsplit("/", 1)[-1].startswith("rl_")
 
 
 def evaluation_rules_differ(result: dict[str, Any], demo_out: Path, env: dict[str, Any]) -> dict[str, Any]:
@@ -758,7 +763,7 @@ class RLGain:
         ``bm25_own_full_recall`` matches each question's own documents instead of the dataset's mean rounded,
         which can favour either side by up to half a document per question."""
         checks: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
-        for arm in (arm for arm in arms if arm.rsplit("/", 1)[-1].startswith("rl_")):
+        for arm in filter(is_rl_arm, arms):
             runs = {f"{len(arms[arm])} seeds": arms[arm]} if len(arms[arm]) > 1 else {}
             runs |= {f"seed {seed}": [scores] for seed, scores in zip(seeds[arm], arms[arm], strict=True)}
             checks[arm] = {}
@@ -797,8 +802,10 @@ class RLGain:
             values = []
             for rows in (rows for rows in per_seed if counted(rows, key)):
                 k = int(rows[key]["docs"])
-                if k == 0 or scored(at[k], key, "full_recall"):
-                    values.append(at[k][key]["full_recall"] if k else 0.0)
+                if not k:
+                    values.append(0.0)
+                elif scored(at[k], key, "full_recall"):
+                    values.append(at[k][key]["full_recall"])
             if values:
                 matched[key] = statistics.fmean(values)
         return matched
