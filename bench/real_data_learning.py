@@ -191,7 +191,8 @@ def main() -> None:
     table = {"single-shot BM25 @K": rows.pop("single-shot BM25 @K"), **trained, **rows}
     (out / "real_data_learning.json").write_text(json.dumps(table, indent=2) + "\n")
     datasets = list(trained["SFT"])
-    print(f"\n{demo.budget.eval_questions} eval questions per dataset; {time.perf_counter() - started:.0f} s\n")
+    asked = demo.budget.eval_questions or "every"
+    print(f"\n{asked} eval questions per dataset; {time.perf_counter() - started:.0f} s\n")
     print_table(table, datasets)
 
 

@@ -450,13 +450,15 @@ class RLGain:
         self.out = Path(args.out)
         self.start = Path(args.start).resolve() if args.start else demo.finished_sft_policy()
         self.data = demo.sources()
-        # the batch PPO will run: the demo's, as --set changes it
-        config = demo.train_config(self.start, "", self.data.prompts, "", "").with_settings(settings)
+        # the batch PPO will run: the demo's RL stage's, as --set changes it
+        config = demo.train_config(self.start, "", self.data.prompts, "", "")
+        config = config.with_settings({**demo.rl_settings(), **settings})
         ppo = config.ppo
-        # --set env.* changes the episode for every arm, so evaluation (the start's too) follows it
+        # every arm is evaluated under the demo's RL rules, and --set env.* changes the episode for every arm, so
+        # evaluation (the start's too) follows it
         changed = sorted(key.split(".", 1)[1] for key in settings if key.startswith("env."))
         self.env_changes = {key: getattr(config.rollout.env, key) for key in changed}
-        self.env = {**demo.env, **self.env_changes}
+        self.env = {**demo.rl_env, **self.env_changes}
         self.samples = ppo.n_samples_per_prompt
         self.per_iteration = ppo.rollout_batch_size * self.samples
         self.iterations = math.ceil(args.episodes / self.per_iteration)

@@ -40,6 +40,7 @@ from r3_env.recipes import load_recipe
 logger = logging.getLogger(__name__)
 
 DEMO_FILE = "demo.json"
+METRIC_NAMES = {"em": "EM", "full_recall": "Full-Recall"}  # the differences the demo reports
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class Budget:
     ppo_iterations: int
     rollout_batch_size: int
     n_samples_per_prompt: int
-    eval_questions: int  # dev questions per evaluation
+    eval_questions: int  # dev questions per evaluation (per dataset on real questions; 0: all)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,11 @@ class ModelRecipe:
     ppo: dict[str, Any]
     costs: Costs
     model: dict[str, Any] = field(default_factory=dict)  # r3rag train local's model settings
+    lora_rank: int = 0  # SFT through LoRA adapters of this rank (0: full fine-tuning); --lora_rank -1 takes it
+    question_docs: int = 0  # env.question_docs, in cold start, RL and evaluation; --question_docs -1 takes it
+    # dotted r3rag train local settings of the RL stage over the SFT's (as `--set` gives them), env.* ones in
+    # evaluation too: empty, RL continues the SFT run's settings; else RL is a run of its own from the SFT policy
+    rl: dict[str, Any] = field(default_factory=dict)
     # SFT and actor learning rates are multiplied by this when the policy trains through LoRA adapters
     # (--lora_rank): adapters start at zero and need about ten times full fine-tuning's rate
     # (Schulman et al., "LoRA Without Regret", 2025); a tiny random model is never trained that way.
@@ -172,17 +178,17 @@ PRETRAINED = ModelRecipe(
     ),
     lora_lr_scale=10.0,
 )
-# A pre-trained model on real questions (--data): every train question the evidence teacher keeps,
-# and eval_questions per dataset of the eval part.
+# A pre-trained model on real questions (--data): every train question the evidence teacher keeps, and every
+# question of the eval part (eval_questions 0; --eval_questions N: the first N per dataset).
 REAL = ModelRecipe(
     full=Budget(
         entities=0,
         coldstart_questions=0,
-        sft_epochs=2,
+        sft_epochs=1,
         ppo_iterations=8,
         rollout_batch_size=4,
         n_samples_per_prompt=4,
-        eval_questions=60,
+        eval_questions=0,
     ),
     quick=Budget(
         entities=0,
@@ -199,13 +205,53 @@ REAL = ModelRecipe(
         prepare_s=60,
         sft_example_s=4.0,
         eval_start_s=40,
-        eval_question_s=1.0,
+        eval_question_s=1.2,
         untrained_question_s=0.3,
         rl_start_s=60,
-        rl_episode_s=15.0,
+        rl_episode_s=6.0,
         sft_keep=0.76,
     ),
     lora_lr_scale=10.0,
+    # The start every real-question RL design was measured from (docs/results.md#real-questions): one epoch of
+    # SFT through rank-16 adapters, with the question's own four documents shown before the first step.
+    lora_rank=16,
+    question_docs=4,
+    # The design that raised Full-Recall over SFT with a CI above 0, and above single-shot BM25 at the same
+    # documents on every dataset, over three seeds (docs/results.md, "Each search with the question's words").
+    # Each setting, with the results section that gave its reason:
+    rl={
+        # the last 8 layers, no reference model: more episodes per second ("More episodes per second")
+        "model.lora_rank": 0,
+        "model.trainable_layers": 8,
+        "model.mixed_precision": "no",
+        "ppo.actor_lr": 2e-5,
+        "ppo.init_kl_coef": 0.0,
+        # no critic: group-normalised advantages over each question's 4 samples, groups whose rewards all tie
+        # dropped, 4 actor steps per batch ("From a start with more SFT, with group baselines"; "Four actor
+        # steps per batch")
+        "ppo.estimator": "group_norm",
+        "ppo.filter_groups": True,
+        "ppo.train_batch_size": 4,
+        "ppo.critic_warmup": 0,
+        "ppo.temperature": 0.7,
+        # relevance from the labels' gold passages (fair on annotated data), one reward per episode, recall
+        # weighed up and nothing for searching without an answer ("Recall weighed up on real questions")
+        "reward.scheme": "r3_gold",
+        "reward.placement": "scalar",
+        "reward.options": {"no_answer_scale": 0.0, "correct_scale": 4.0, "wrong_scale": 2.0},
+        # the cold start's transcripts of the questions whose samples all failed, in the RL step ("Guidance
+        # inside the RL step"); ppo.ptx_data is the demo's own SFT data
+        "ppo.ptx_select": "failed",
+        "ppo.ptx_coef": 1.0,
+        "sft.lr": 5e-5,
+        # train only on questions whose shown documents lack a gold passage: elsewhere a search cannot pay,
+        # and RL learns to stop searching ("Training only where a search can pay")
+        "ppo.prompt_filter": "missing_gold",
+        # a step ends with its query, and each search runs with the question's words: the same queries cost
+        # fewer documents ("A step ends with its query"; "Each search with the question's words")
+        "env.stop_after_action": True,
+        "env.query_with_question": True,
+    },
 )
 
 
@@ -286,16 +332,21 @@ class DemoConfig:
     sft_epochs: int = field(default=0, metadata={"help": "override the budget's SFT epochs (0: keep)"})
     ppo_iterations: int = field(default=0, metadata={"help": "override the budget's PPO iterations (0: keep)"})
     lora_rank: int = field(
-        default=0, metadata={"help": "train the policy through LoRA adapters of this rank (0: full)"}
+        default=-1,
+        metadata={
+            "help": "SFT trains the policy through LoRA adapters of this rank (0: full fine-tuning; -1: the model "
+            "recipe's, 16 on real questions and full on the world)"
+        },
     )
     eval_questions: int = field(
         default=0, metadata={"help": "override the budget's dev questions per dataset (0: keep)"}
     )
     question_docs: int = field(
-        default=0,
+        default=-1,
         metadata={
             "help": "retrieve this many documents with the question and show them with it before the first step, in "
-            "cold start, RL and evaluation alike (env.question_docs; 0: the policy's queries retrieve everything)"
+            "cold start, RL and evaluation alike (env.question_docs; 0: the policy's queries retrieve everything; "
+            "-1: the model recipe's, 4 on real questions and 0 on the world)"
         },
     )
     sft_lr: float = field(default=0.0, metadata={"help": "override the recipe's SFT learning rate (0: keep)"})
@@ -331,10 +382,10 @@ class DemoConfig:
         from r3_env.model_registry import MODELS
         from r3_env.train.model_factory import FACTORY_FILE
 
-        counts = (self.threads, self.sft_epochs, self.ppo_iterations, self.eval_questions, self.lora_rank,
-                  self.question_docs)  # fmt: skip
-        if min(counts) < 0:
-            raise ValueError("threads and the overrides must be 0 or more")
+        counts = (self.threads, self.sft_epochs, self.ppo_iterations, self.eval_questions)
+        if min(counts) < 0 or min(self.lora_rank, self.question_docs) < -1:
+            raise ValueError("threads and the overrides must be 0 or more (lora_rank and question_docs: -1, the "
+                             "model recipe's, or more)")  # fmt: skip
         if self.sft_lr < 0 or self.actor_lr < 0:
             raise ValueError("sft_lr and actor_lr must be 0 (keep the recipe's) or positive")
         for name in ("eval_engine", "rollout_engine"):
@@ -375,6 +426,9 @@ class DemoConfig:
                     "folder with a config.json; the demo never downloads one"
                 )
             object.__setattr__(self, "model", str(Path(self.model).resolve()))  # a rerun from elsewhere finds it
+        for name in ("lora_rank", "question_docs"):  # recorded as resolved, so a rerun compares what ran
+            if getattr(self, name) == -1:
+                object.__setattr__(self, name, getattr(self.model_recipe, name))
 
     @property
     def method(self) -> Method:
@@ -453,7 +507,9 @@ class Demo:
         if not path.is_file():
             raise ValueError(f"{path} is missing: give the --out folder of an `r3rag demo` run")
         record = json.loads(path.read_text())
-        return cls(DemoConfig(**{**record["config"], **overrides})), record
+        # a record from before lora_rank and question_docs had the model recipe's defaults ran at 0
+        config = {"lora_rank": 0, "question_docs": 0, **record["config"], **overrides}
+        return cls(DemoConfig(**config)), record
 
     @contextmanager
     def stage(self, name: str, title: str) -> Iterator[None]:
@@ -483,7 +539,8 @@ class Demo:
         else:
             asked = sum(_count_lines(Path(name)) for name in self.data.coldstart.split(","))
             examples = round(costs.sft_keep * min(asked, budget.coldstart_questions or asked))
-        questions = sum(min(_count_lines(Path(name)), budget.eval_questions) for name in self.data.eval.split(","))
+        per_dataset = budget.eval_questions or 10**9  # 0: all
+        questions = sum(min(_count_lines(Path(name)), per_dataset) for name in self.data.eval.split(","))
         episodes = budget.ppo_iterations * budget.rollout_batch_size * budget.n_samples_per_prompt
         # the costs are vLLM's; HF generate starts at once and generates about 4x slower (docs/benchmarks.md)
         vllm = self.config.eval_engine == "vllm"
@@ -559,8 +616,33 @@ class Demo:
 
     @property
     def env(self) -> dict[str, Any]:
+        """The episode's rules of the cold start and of SFT."""
         env = REAL_ENV if self.config.data else ENV
         return {**env, "question_docs": self.config.question_docs} if self.config.question_docs else env
+
+    @property
+    def rl_env(self) -> dict[str, Any]:
+        """The episode's rules of RL and of every evaluation: the cold start's, with the model recipe's RL ``env.*``
+        settings (the transcripts SFT learns from were written under the cold start's)."""
+        rl = self.config.model_recipe.rl
+        return {**self.env, **{key.split(".", 1)[1]: value for key, value in rl.items() if key.startswith("env.")}}
+
+    @property
+    def rl_run(self) -> Path:
+        """The run folder of the RL stage: the SFT run's, or its own where the model recipe gives RL settings."""
+        return self.out / "rl" if self.config.model_recipe.rl else self.out / "train"
+
+    def rl_settings(self) -> dict[str, Any]:
+        """The model recipe's RL settings over the SFT run's, with this demo's --actor_lr and --scheme over them;
+        PPO-ptx's data is the demo's own SFT data."""
+        rl = dict(self.config.model_recipe.rl)
+        if self.config.scheme:  # an ablation's scheme runs with its own options
+            rl = {key: value for key, value in rl.items() if not key.startswith("reward.")}
+        if self.config.actor_lr:
+            rl["ppo.actor_lr"] = self.config.actor_lr
+        if rl.get("ppo.ptx_coef"):
+            rl["ppo.ptx_data"] = str(self.out / "coldstart" / "sft.jsonl")
+        return rl
 
     def sources(self) -> DemoData:
         """The synthetic world, or the real samples of ``--data`` split by question id."""
@@ -749,7 +831,7 @@ class Demo:
             "method": eval_method,
             **extra,
         }
-        env = env or self.env
+        env = env or self.rl_env
         if self.config.eval_engine == "vllm":
             self._evaluate_in_vllm_env(settings, policy, retriever, env)
         else:
@@ -833,7 +915,7 @@ class Demo:
         start = start or self.finished_sft_policy()
         data = self.data or self.sources()
         config = self.train_config(start, "", data.prompts, *urls)  # PPO only, from the start
-        return self.train_ppo(config.with_settings({**settings, "out": str(out)}), start)
+        return self.train_ppo(config.with_settings({**self.rl_settings(), **settings, "out": str(out)}), start)
 
     @contextmanager
     def serving(self) -> Iterator[tuple[str, str]]:
@@ -845,15 +927,18 @@ class Demo:
         ):
             yield retriever.url, reward.url
 
-    def compare(self, pairs: tuple[tuple[str, str], ...]) -> dict[str, dict[str, float]]:
-        """EM of each (policy, baseline) evaluated here, minus the baseline's on the same questions, with its
-        paired bootstrap 95% CI."""
+    def compare(self, pairs: tuple[tuple[str, str], ...], metric: str = "em") -> dict[str, dict[str, float]]:
+        """``metric`` (EM) of each (policy, baseline) evaluated here, minus the baseline's on the same questions,
+        with its paired bootstrap 95% CI; keyed "arm - base", with the metric's name after a comma unless EM."""
         from eval.compare import compare_runs, question_set
 
         assert self.data is not None
         questions = question_set(self.data.eval, self.budget.eval_questions)
+        name = "" if metric == "em" else f", {METRIC_NAMES[metric]}"
         return {
-            f"{arm} - {base}": compare_runs(self.paths[f"eval_{arm}"], self.paths[f"eval_{base}"], questions)
+            f"{arm} - {base}{name}": compare_runs(
+                self.paths[f"eval_{arm}"], self.paths[f"eval_{base}"], questions, metric=metric
+            )
             for arm, base in pairs
         }
 
@@ -898,10 +983,15 @@ class Demo:
             with self.stage("eval_sft", "7. evaluate the SFT policy"):
                 results["sft"] = _summary(self.evaluate("sft", sft_policy, data.eval, *urls))
             with self.stage("ppo", f"8. {self.rl_title} from the SFT policy"):
-                ppo_policy = self.train_ppo(config, sft_policy)
+                if self.config.model_recipe.rl:  # RL's own settings: a run of its own, from the SFT policy
+                    ppo_policy = self.ppo_again({}, self.rl_run, urls, sft_policy)
+                else:
+                    ppo_policy = self.train_ppo(config, sft_policy)
             with self.stage("eval_ppo", "9. evaluate the PPO policy"):
                 results["ppo"] = _summary(self.evaluate("ppo", ppo_policy, data.eval, *urls))
             self.differences = self.compare((("sft", "untrained"), ("ppo", "untrained"), ("ppo", "sft")))
+            if self.config.data:  # what RL raises on real questions: documents found (docs/results.md)
+                self.differences |= self.compare((("ppo", "sft"),), metric="full_recall")
             if self.config.method.no_retrieval_eval:
                 with self.stage("eval_ppo_direct", "9b. evaluate the PPO policy answering without retrieval"):
                     scores = self.evaluate("ppo_direct", ppo_policy, data.eval, *urls, eval_method="direct")
@@ -911,8 +1001,9 @@ class Demo:
             reward.stop()
         with self.stage("report", "10. report"):
             learned = ("untrained", "sft", "ppo")  # the page opens with one question answered by each
-            paths = write_report(self.out / "eval", self.out, training=self.out / "train", learned=learned)
+            paths = write_report(self.out / "eval", self.out, training=self.rl_run, learned=learned)
         self.paths.update(report=paths["html"], train=self.out / "train", sft_policy=sft_policy, ppo_policy=ppo_policy)
+        self.paths.update({"rl": self.rl_run} if self.rl_run != self.out / "train" else {})
         self.write_record(results)
         return results
 
@@ -945,6 +1036,13 @@ def _follow(process: Any, predictions: Path, total: int, desc: str) -> int:
     return process.returncode
 
 
+def _questions(per_evaluation: int, real: bool) -> str:
+    """How many questions an evaluation asks, in words (``per_evaluation`` 0: all)."""
+    if not per_evaluation:
+        return "every eval question" if real else "every dev question"
+    return f"{per_evaluation} {'eval questions per dataset' if real else 'dev questions'}"
+
+
 def _summary(scores: dict[str, Any]) -> dict[str, Any]:
     """The headline numbers of one scored run (the average over its datasets)."""
     final = scores["average"]["final"]
@@ -961,7 +1059,7 @@ def format_summary(demo: Demo, results: dict[str, Any]) -> str:
     lines = [
         f"r3rag demo ({demo.config.model}, {demo.config.recipe} recipe, {'quick' if demo.config.quick else 'full'}, "
         f"seed {demo.config.seed}): "
-        f"{demo.budget.eval_questions} dev questions per evaluation",
+        f"{_questions(demo.budget.eval_questions, bool(demo.config.data))} per evaluation",
         f"  {'policy':<11}{'ACC':>7}{'EM':>7}{'F1':>7}{'RC':>6}{'answered':>10}{'steps':>7}{'docs':>7}"
         f"{'recall':>8}{'full':>7}",
     ]
@@ -975,10 +1073,16 @@ def format_summary(demo: Demo, results: dict[str, Any]) -> str:
 
     if demo.differences:
         questions = next(iter(demo.differences.values()))["n"]
-        lines.append(f"  EM difference on the same {questions} questions (paired bootstrap 95% CI):")
-        for pair, ci in demo.differences.items():
-            lines.append(f"    {pair:<18}{100 * ci['mean']:+6.1f}  ({100 * ci['lo']:+.1f} to {100 * ci['hi']:+.1f})")
-    ppo = [row for row in read_metrics(demo.out / "train") if row["stage"] == "ppo"]
+        by_metric: dict[str, dict[str, dict[str, float]]] = {}
+        for key, ci in demo.differences.items():
+            pair, _, metric = key.partition(", ")
+            by_metric.setdefault(metric or "EM", {})[pair] = ci
+        for metric, pairs in by_metric.items():
+            lines.append(f"  {metric} difference on the same {questions} questions (paired bootstrap 95% CI):")
+            for pair, ci in pairs.items():
+                mean, lo, hi = (100 * ci[key] for key in ("mean", "lo", "hi"))
+                lines.append(f"    {pair:<18}{mean:+6.1f}  ({lo:+.1f} to {hi:+.1f})")
+    ppo = [row for row in read_metrics(demo.rl_run) if row["stage"] == "ppo"]
     if ppo:
         lines.append(
             f"  PPO training reward: {ppo[0]['reward']:.3f} (iteration 1) -> {ppo[-1]['reward']:.3f} "
