@@ -163,7 +163,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
     parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--lora_rank", type=int, default=16)
+    parser.add_argument("--lora_rank", type=int, default=-1, help="as r3rag demo's (-1: the recipe's, 16)")
     parser.add_argument("--eval_engine", default="hf", choices=("hf", "vllm"))
     parser.add_argument("--vllm_python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     parser.add_argument("--eval_questions", type=int, default=0, help="per dataset (0: the recipe's)")

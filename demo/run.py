@@ -201,12 +201,14 @@ REAL = ModelRecipe(
     ),
     sft={"lr": 5e-5, "batch_size": 8, "micro_batch_size": 2},
     ppo={"micro_batch_size": 2, "train_batch_size": 16, "actor_lr": 1e-6, "critic_lr": 9e-6, "critic_warmup": 1},
+    # measured with the recipe's defaults (docs/results.md#the-real-question-demo): the untrained policy writes
+    # its 128 tokens a step after the question's four documents, so it costs what a trained one does
     costs=Costs(
         prepare_s=60,
-        sft_example_s=4.0,
+        sft_example_s=6.5,
         eval_start_s=40,
         eval_question_s=1.2,
-        untrained_question_s=0.3,
+        untrained_question_s=1.2,
         rl_start_s=60,
         rl_episode_s=6.0,
         sft_keep=0.76,
@@ -429,6 +431,14 @@ class DemoConfig:
         for name in ("lora_rank", "question_docs"):  # recorded as resolved, so a rerun compares what ran
             if getattr(self, name) == -1:
                 object.__setattr__(self, name, getattr(self.model_recipe, name))
+        trained = self.model_recipe.rl.get("model.trainable_layers", 0)
+        if trained and self.model not in MODELS:  # said now, not after SFT (a registry model has enough)
+            layers = json.loads((Path(self.model) / "config.json").read_text()).get("num_hidden_layers", trained)
+            if layers < trained:
+                raise ValueError(
+                    f"model: {self.model} has {layers} decoder layers, and the RL stage on real questions trains the "
+                    f"last {trained} (REAL.rl in demo/run.py): pass a model with {trained} or more"
+                )
 
     @property
     def method(self) -> Method:
@@ -550,7 +560,7 @@ class Demo:
             "prepare": (costs.prepare_s, "world, index, services, cold start, model, SFT data"),
             "eval_untrained": (
                 start + questions * costs.untrained_question_s * per_question,
-                f"evaluate the untrained policy on {questions} dev questions",
+                f"evaluate the untrained policy on {questions} {'eval' if self.config.data else 'dev'} questions",
             ),
             "sft": (
                 examples * budget.sft_epochs * costs.sft_example_s,
@@ -944,10 +954,14 @@ class Demo:
 
     @property
     def rl_title(self) -> str:
-        """The RL stage as the log names it: the method's, or PPO without a critic where the model recipe drops it."""
-        if self.config.model_recipe.ppo.get("estimator") == "reinforce" and self.config.method.recipe == "r3":
+        """The RL stage as the log names it: the method's, or without a critic where the model recipe drops it."""
+        recipe = self.config.model_recipe
+        estimator = recipe.rl.get("ppo.estimator", recipe.ppo.get("estimator"))
+        if self.config.method.recipe != "r3" or estimator not in ("reinforce", "group_norm"):
+            return self.config.method.title
+        if estimator == "reinforce":
             return "PPO with REINFORCE++ returns (no critic, per-step rewards)"
-        return self.config.method.title
+        return "PPO with group-normalised advantages (no critic, one reward per episode)"
 
     # -- the whole pipeline -----------------------------------------------------------------------
 
@@ -1001,9 +1015,11 @@ class Demo:
             reward.stop()
         with self.stage("report", "10. report"):
             learned = ("untrained", "sft", "ppo")  # the page opens with one question answered by each
-            paths = write_report(self.out / "eval", self.out, training=self.rl_run, learned=learned)
+            runs = dict.fromkeys((self.out / "train", self.rl_run))  # SFT's run, then RL's where it has its own
+            paths = write_report(self.out / "eval", self.out, training=list(runs), learned=learned)
         self.paths.update(report=paths["html"], train=self.out / "train", sft_policy=sft_policy, ppo_policy=ppo_policy)
-        self.paths.update({"rl": self.rl_run} if self.rl_run != self.out / "train" else {})
+        if self.rl_run != self.out / "train":
+            self.paths["rl"] = self.rl_run
         self.write_record(results)
         return results
 

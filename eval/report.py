@@ -637,13 +637,14 @@ def write_report(
     root: Path,
     out: Path | None = None,
     max_questions_per_run: int = 2000,
-    training: Path | None = None,
+    training: Path | Sequence[Path] | None = None,
     baselines: Sequence[str] = (),
     learned: Sequence[str] = (),
 ) -> dict[str, Path]:
     """Write report.md, report.json and report.html for the scored runs under ``root`` into ``out`` (default root).
 
-    ``training``: a ``r3rag train local`` run folder whose curves the report shows too. ``baselines``: the runs
+    ``training``: a ``r3rag train local`` run folder whose curves the report shows too, or several (SFT's run and
+    an RL run of its own from its policy), their charts in that order. ``baselines``: the runs
     without retrieval that the answer categories pair the others with (default: found by model). ``learned``: run
     names (run.json's ``name``) in the order a policy went through them, e.g. untrained, sft, ppo: the page opens
     with one question answered by each (:mod:`eval.report_learned`).
@@ -655,7 +656,8 @@ def write_report(
     out = out or root
     out.mkdir(parents=True, exist_ok=True)
     tables = build_tables(runs, root, baselines)
-    charts = training_charts(training) if training else []
+    folders = [training] if isinstance(training, Path) else list(training or [])
+    charts = [chart for folder in folders for chart in training_charts(folder)]
     if charts:
         tables["training"] = charts
     items = [

@@ -190,16 +190,17 @@ def minilm_path() -> str:
 
 
 def save_tiny_causal_lm(
-    folder: Path, tokenizer, seed: int = 0, heads: int = 4, head_dim: int = 16, kv_heads: int = 2
+    folder: Path, tokenizer, seed: int = 0, heads: int = 4, head_dim: int = 16, kv_heads: int = 2, layers: int = 2
 ) -> Path:
-    """A random-weight 2-layer Qwen2 with ``tokenizer`` (the model factory's), saved as an HF folder (seconds on CPU).
+    """A random-weight Qwen2 of ``layers`` layers with ``tokenizer`` (the model factory's), saved as an HF folder
+    (seconds on CPU).
 
     vLLM's CPU build runs head size 64 only: ``heads=2, head_dim=64, kv_heads=1`` for it.
     """
     from r3_env.train.model_factory import TinyModelConfig, random_qwen2
 
     sizes = TinyModelConfig(
-        hidden_size=heads * head_dim, layers=2, heads=heads, kv_heads=kv_heads, intermediate_size=128, seed=seed
+        hidden_size=heads * head_dim, layers=layers, heads=heads, kv_heads=kv_heads, intermediate_size=128, seed=seed
     )
     random_qwen2(tokenizer, sizes).save_pretrained(folder)
     tokenizer.save_pretrained(folder)

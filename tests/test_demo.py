@@ -292,12 +292,50 @@ def test_lora_rank_and_question_docs_reach_the_trainer(tmp_path):
     demo = Demo(DemoConfig(out=str(tmp_path / "d"), model="tiny-random", lora_rank=8))
     config = demo.train_config(tmp_path / "p", tmp_path / "sft.jsonl", tmp_path / "w", "http://r", "http://j")
     assert config.model.lora_rank == 8
-    with pytest.raises(ValueError, match="must be 0 or more"):
-        DemoConfig(lora_rank=-1)
+    with pytest.raises(ValueError, match="-1, the model recipe's, or more"):
+        DemoConfig(lora_rank=-2)
     first = Demo(DemoConfig(out=str(tmp_path / "d"), model="tiny-random", question_docs=4))
     assert first.env["question_docs"] == 4 and "question_docs" not in demo.env  # the same rules for every stage
     config = first.train_config(tmp_path / "p", tmp_path / "sft.jsonl", tmp_path / "w", "http://r", "http://j")
     assert config.rollout.env.question_docs == 4
+
+
+def test_real_questions_take_the_measured_recipe_and_flags_still_choose(tmp_path):
+    """--data: SFT through rank-16 adapters with four question documents, and RL under its own settings and rules
+    (REAL.rl), recorded as resolved; the world keeps full fine-tuning and one run for both stages."""
+    from demo.run import REAL, Demo, DemoConfig
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 8}))
+    real = DemoConfig(out=str(tmp_path / "d"), model=str(model), data=str(tmp_path))
+    assert (real.lora_rank, real.question_docs) == (16, 4)
+    demo = Demo(real)
+    assert demo.rl_run == tmp_path / "d" / "rl" and demo.budget.eval_questions == 0  # every eval question
+    assert demo.env["question_docs"] == 4 and "query_with_question" not in demo.env  # the cold start's rules
+    assert demo.rl_env["query_with_question"] and demo.rl_env["stop_after_action"]  # RL's and evaluation's
+    settings = demo.rl_settings()
+    assert settings["reward.scheme"] == "r3_gold" and settings["ppo.ptx_data"] == str(tmp_path / "d" / "coldstart"
+                                                                                       / "sft.jsonl")  # fmt: skip
+    chosen = Demo(DemoConfig(out=str(tmp_path / "e"), model=str(model), data=str(tmp_path), lora_rank=0,
+                             question_docs=0, actor_lr=3e-6, scheme="outcome"))  # fmt: skip
+    assert (chosen.config.lora_rank, chosen.config.question_docs) == (0, 0)
+    settings = chosen.rl_settings()
+    assert settings["ppo.actor_lr"] == 3e-6 and not any(key.startswith("reward.") for key in settings)
+    world = Demo(DemoConfig(out=str(tmp_path / "w"), model=str(model)))
+    assert (world.config.lora_rank, world.config.question_docs) == (0, 0)
+    assert world.rl_run == tmp_path / "w" / "train" and world.rl_settings() == {} and world.rl_env == world.env
+    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 2}))
+    with pytest.raises(ValueError, match="has 2 decoder layers.*trains the last 8"):
+        DemoConfig(out=str(tmp_path / "d"), model=str(model), data=str(tmp_path))
+    assert REAL.rl["model.trainable_layers"] == 8
+    # a record from before these defaults ran at 0: a bench reading it back does not take the new ones
+    (tmp_path / "old").mkdir()
+    record = {"config": {"out": str(tmp_path / "old"), "model": "tiny-random", "eval_engine": "hf",
+                         "rollout_engine": "hf"}}  # fmt: skip
+    (tmp_path / "old" / "demo.json").write_text(json.dumps(record))
+    old, _ = Demo.from_folder(tmp_path / "old")
+    assert (old.config.lora_rank, old.config.question_docs) == (0, 0)
 
 
 def test_the_untrained_policy_is_known_before_the_demo_ends(tmp_path):
@@ -330,10 +368,11 @@ def test_lora_scales_a_pretrained_recipes_learning_rates_and_flags_override_them
     assert (config.sft.lr, config.ppo.actor_lr) == (3e-4, 2e-6)
     tiny = Demo(DemoConfig(out=str(tmp_path / "d"), model="tiny-random", lora_rank=8)).train_config(*args)
     assert tiny.sft.lr == 3e-3  # the tiny model's recipe is never scaled
-    if SHARED_DATA.is_dir():
+    if SHARED_DATA.is_dir():  # real questions: the recipe's rank-16 adapters, so its rates scaled
         real = Demo(DemoConfig(out=str(tmp_path / "d"), model=str(model), data=str(SHARED_DATA))).train_config(*args)
         env = real.rollout.env
-        assert real.sft.lr == REAL.sft["lr"] and (env.docs_per_step, env.doc_chars) == (2, 300)
+        assert real.model.lora_rank == REAL.lora_rank == 16 and real.sft.lr == 10 * REAL.sft["lr"]
+        assert (env.docs_per_step, env.doc_chars, env.question_docs) == (2, 300, 4)
 
 
 @pytest.mark.parametrize(
@@ -360,7 +399,8 @@ def real_data_demo(tmp_path_factory, smollm2_tokenizer):
     for name in SHARED_DATASETS:
         shared_dataset(name)
     root = tmp_path_factory.mktemp("real-data-demo")
-    model = save_tiny_causal_lm(root / "tiny", smollm2_tokenizer, heads=2, head_dim=64, kv_heads=1)
+    # 8 layers: the real-question recipe's RL trains the last 8 (REAL.rl)
+    model = save_tiny_causal_lm(root / "tiny", smollm2_tokenizer, heads=2, head_dim=64, kv_heads=1, layers=8)
     out = root / "bench" / "demo"  # where bench/real_data_learning.py --out ROOT/bench keeps its demo
     result = run_r3rag("demo", "--data", str(SHARED_DATA), "--model", str(model), "--quick", "--out", str(out),
                        timeout=900)  # fmt: skip
@@ -370,6 +410,7 @@ def real_data_demo(tmp_path_factory, smollm2_tokenizer):
 
 @pytest.mark.slow
 def test_real_data_demo_trains_on_one_part_and_evaluates_on_the_other(real_data_demo):
+    from eval.run import read_manifest
     from r3_env.data import iter_jsonl, read_dataset
 
     out = real_data_demo["out"]
@@ -386,14 +427,24 @@ def test_real_data_demo_trains_on_one_part_and_evaluates_on_the_other(real_data_
     for _, row in iter_jsonl(out / "coldstart" / "samples.jsonl"):
         assert row["question_id"] in part[row["dataset"]]["train"]
         assert all(d["id"].split("/")[0] in SHARED_DATASETS for s in row["steps"] for d in s.get("documents", []))
-    # PPO's prompts are the train part; its episodes follow the real-data environment
-    config = json.loads((out / "train" / "config.json").read_text())
-    assert config["ppo"]["prompts"] == str(out / "data" / "prompts.jsonl")
-    assert (config["env"]["docs_per_step"], config["env"]["doc_chars"], config["env"]["max_step_tokens"]) == (
-        2,
-        300,
-        128,
-    )
+    # SFT through the recipe's rank-16 adapters; RL is a run of its own from the SFT policy with the recipe's RL
+    # settings: PPO's prompts are the train part, its episodes follow the real-data environment and its rules
+    sft = json.loads((out / "train" / "config.json").read_text())
+    assert sft["model"]["lora_rank"] == 16 and sft["env"]["question_docs"] == 4
+    assert not sft["env"]["query_with_question"]
+    config = json.loads((out / "rl" / "config.json").read_text())
+    assert config["ppo"]["prompts"] == str(out / "data" / "prompts.jsonl") and config["sft"]["data"] == ""
+    assert config["model"]["policy"] == str(out / "train" / "sft" / "policy")
+    env = config["env"]
+    assert (env["docs_per_step"], env["doc_chars"], env["max_step_tokens"], env["question_docs"]) == (2, 300, 128, 4)
+    assert env["stop_after_action"] and env["query_with_question"]
+    assert (config["model"]["lora_rank"], config["model"]["trainable_layers"]) == (0, 8)
+    assert (config["reward"]["scheme"], config["ppo"]["estimator"], config["ppo"]["prompt_filter"]) == (
+        "r3_gold", "group_norm", "missing_gold")  # fmt: skip
+    assert config["ppo"]["ptx_data"] == str(out / "coldstart" / "sft.jsonl")
+    assert [row["step"] for row in read_metrics(out / "rl") if row["stage"] == "ppo"] == [1, 2]
+    assert set(record["differences"]) == {"sft - untrained", "ppo - untrained", "ppo - sft", "ppo - sft, Full-Recall"}
+    assert "Full-Recall difference on the same 9 questions" in real_data_demo["stdout"]
     # every evaluation ran on the eval part: 3 questions of each dataset
     for name in ("untrained", "sft", "ppo"):
         rows = [row for _, row in iter_jsonl(out / "eval" / name / "predictions.jsonl")]
@@ -401,6 +452,7 @@ def test_real_data_demo_trains_on_one_part_and_evaluates_on_the_other(real_data_
         assert all(row["question_id"] in part[row["dataset"]]["eval"] for row in rows)
         scores = json.loads((out / "eval" / name / "scores.json").read_text())
         assert set(scores["datasets"]) == set(SHARED_DATASETS)
+        assert read_manifest(out / "eval" / name)["env"]["query_with_question"]  # every evaluation: RL's rules
     assert "r3rag demo (" in real_data_demo["stdout"] and (out / "report.html").is_file()
 
 
@@ -443,8 +495,6 @@ def test_the_real_data_bench_prints_every_row(real_data_demo):
         str(SHARED_DATA),
         "--model",
         str(real_data_demo["model"]),
-        "--lora_rank",
-        "0",
         "--quick",
         "--baselines",
         "--ppo_actor_lrs",
@@ -497,9 +547,9 @@ def test_the_rollout_engines_bench_runs_ppo_from_hf_and_from_a_vllm_server(real_
         assert all(("sync_s" in row) == (engine == "vllm") for row in ppo[engine])
         config = json.loads((out / "engines" / engine / "config.json").read_text())
         assert config["model"]["policy"] == str(out / "train" / "sft" / "policy")
-        assert config["ppo"]["critic_warmup"] == 1
-    # reloaded before the first rollout and after the first actor update; the critic warm-up left the actor alone
-    assert [row["sync_s"] > 0 for row in ppo["vllm"]] == [True, False, True]
+    # reloaded before the first rollout, then only after an iteration that changed the actor
+    trained = [row["actor_trained"] > 0 for row in ppo["vllm"]]
+    assert [row["sync_s"] > 0 for row in ppo["vllm"]] == [True, *trained[:-1]]
     assert "rollout_vllm.log" in printed.stderr and (out / "engines" / "vllm" / "rollout_vllm.log").is_file()
     served = json.loads((out / "engines" / "vllm" / "ppo" / "rollout_policy" / "config.json").read_text())
     assert served["tie_word_embeddings"] is False

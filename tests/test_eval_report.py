@@ -391,6 +391,19 @@ def test_training_curves_show_what_searching_paid(tmp_path):
     assert paid["series"] == {"searched": [[1, 1.0]], "did not search": [[1, 0.0], [2, 0.5]]}
 
 
+def test_the_report_charts_sft_then_an_rl_run_of_its_own(root, tmp_path):
+    """The real-question demo trains RL in a run of its own from the SFT policy: the page charts both runs."""
+    sft = tmp_path / "train"
+    sft.mkdir()
+    (sft / "config.json").write_text(json.dumps({"reward": {"scheme": "r3", "options": {}}}))
+    write_jsonl(sft / "metrics.jsonl", [{"stage": "sft", "step": step, "loss": 2.0 / step} for step in (1, 2)])
+    rl = write_training(tmp_path / "rl", "r3", {})
+    tables = json.loads(write_report(root, tmp_path / "report", training=[sft, rl])["json"].read_text())
+    titles = [chart["title"] for chart in tables["training"]]
+    assert titles[0] == "SFT loss" and "Mean episode reward" in titles[1:]
+    assert tables["training"][0]["series"] == {"loss": [[1, 2.0], [2, 1.0]]}
+
+
 def test_training_curves_show_rc_and_the_stage_switch(tmp_path):
     charts = training_charts(write_training(tmp_path / "lws"))
     rc = next(chart for chart in charts if chart["title"] == "Retrievals per episode (RC)")
