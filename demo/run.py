@@ -200,8 +200,9 @@ REAL = ModelRecipe(
         eval_questions=3,
     ),
     sft={"lr": 5e-5, "batch_size": 8, "micro_batch_size": 2},
+    # recorded in the SFT run's settings (so its folders resume); RL runs under ``rl`` below, which sets them again
     ppo={"micro_batch_size": 2, "train_batch_size": 16, "actor_lr": 1e-6, "critic_lr": 9e-6, "critic_warmup": 1},
-    # measured with the recipe's defaults (docs/results.md#the-real-question-demo): the untrained policy writes
+    # measured with the recipe's defaults (docs/results.md, "The real-question demo"): the untrained policy writes
     # its 128 tokens a step after the question's four documents, so it costs what a trained one does
     costs=Costs(
         prepare_s=60,
