@@ -107,7 +107,8 @@ def main() -> None:
         rewards = demo_rewards(Path(args.demo))  # bench/demo_learning.py's, when it has scored this demo
         rewards.update(policy_rewards(demo, {key: value for key, value in folders.items() if key not in rewards}))
         final = {**{key: record["results"][key] for key in ("sft", "ppo")}, name: scores["average"]["final"]}
-        runs = {"ppo": Path(record["paths"]["train"]), name: folder / "train"}  # the PPO runs, for what they did
+        # the PPO runs, for what they did (the demo's own is its SFT run's, unless RL had a run of its own)
+        runs = {"ppo": Path(record["paths"].get("rl", record["paths"]["train"])), name: folder / "train"}
         rows = [
             {"policy": key, "em": final[key]["em"], "f1": final[key]["f1"], **rewards[key],
              **(actor_summary(runs[key]) if key in runs else {})}

@@ -1,13 +1,14 @@
 """Does a small real model learn step-by-step retrieval on real questions it never saw?
 
-    python bench/real_data_learning.py [--data ../shared/data] [--model smollm2-135m-instruct] [--lora_rank 16]
+    python bench/real_data_learning.py [--data ../shared/data] [--model smollm2-135m-instruct] [--lora_rank -1]
         [--eval_engine vllm] [--baselines] [--transfer POLICY] [--ppo_actor_lrs 1e-4] [--quick]
         [--out bench_out/real_data_learning]
 
 Runs ``r3rag demo --data DATA`` into OUT/demo (a rerun resumes): one BM25 index over the union of the
 samples' paragraphs, the fixed split by question id (``r3_env.real_data``), the evidence teacher's
-cold start on the train part, SFT, PPO with the r3 reward (lexical judge), and evaluations of the
-untrained (zero-shot), SFT and PPO policies on the eval part. Then, on the same eval questions:
+cold start on the train part, SFT, RL under the real-question recipe's settings (``REAL.rl`` in
+demo/run.py), and evaluations of the untrained (zero-shot), SFT and RL policies on the eval part. Then, on
+the same eval questions:
 
 - single-shot BM25 at the same number of documents: the question as the one query, top-K with K
   the PPO policy's mean unique documents per dataset (rounded), read by the untrained model

@@ -30,7 +30,10 @@ Every RL arm samples the same ``--episodes``: PPO runs ceil(episodes / (rollout_
 n_samples_per_prompt)) iterations of its batch (the demo's, or ``--set``'s ppo.rollout_batch_size and
 ppo.n_samples_per_prompt); ``rft`` samples ceil(episodes / n_samples) questions n_samples times.
 ``--set`` (dotted ``r3rag train local`` keys, as bench/ppo_ablation.py's) applies to every arm that
-trains.
+trains. Under it are the demo's own RL settings, where its recipe has them (a real-question demo's
+``REAL.rl`` in demo/run.py: the measured design): the RL arms train under all of them (the arm's
+``reward.scheme`` over theirs), ``sft_more`` and ``rft`` under their ``model.*`` and ``sft.*`` (the layers
+and rate RL trains), and every arm, ``sft`` included, is evaluated under their episode rules (``env.*``).
 
 Each arm is evaluated greedy through the demo's evaluation (``--eval_engine``) on the same
 questions: the first ``--dev_questions`` of the world's dev set (200 by default), or every question of
@@ -455,10 +458,13 @@ class RLGain:
         config = config.with_settings({**demo.rl_settings(), **settings})
         ppo = config.ppo
         # every arm is evaluated under the demo's RL rules, and --set env.* changes the episode for every arm, so
-        # evaluation (the start's too) follows it
+        # evaluation (the start's too) follows it; the changes from the cold start's rules are each result's record
         changed = sorted(key.split(".", 1)[1] for key in settings if key.startswith("env."))
-        self.env_changes = {key: getattr(config.rollout.env, key) for key in changed}
-        self.env = {**demo.rl_env, **self.env_changes}
+        self.env = {**demo.rl_env, **{key: getattr(config.rollout.env, key) for key in changed}}
+        self.env_changes = {key: value for key, value in self.env.items() if demo.env.get(key) != value}
+        # the demo's RL settings that --set leaves as they are: recorded too, so a result trained under others
+        # (an older demo's) is refused, not mixed in
+        self.recipe_settings = {key: value for key, value in demo.rl_settings().items() if key not in settings}
         self.samples = ppo.n_samples_per_prompt
         self.per_iteration = ppo.rollout_batch_size * self.samples
         self.iterations = math.ceil(args.episodes / self.per_iteration)
@@ -476,6 +482,7 @@ class RLGain:
         if arm == "sft":
             return {"start": str(self.start)} | ({"env": self.env_changes} if self.env_changes else {})
         common = {"start": str(self.start), "seed": seed, "set": self.settings}
+        common |= {"recipe": self.recipe_settings} if self.recipe_settings else {}
         if arm in RL_SCHEMES:
             return {**common, "episodes": self.iterations * self.per_iteration, "iterations": self.iterations}
         if arm == "rft":
@@ -542,8 +549,11 @@ class RLGain:
         return self.timed(folder, lambda: self.demo.ppo_again(settings, folder / "train", self.urls, self.start))
 
     def sft_config(self, data: Path | str, out: Path, seed: int, epochs: int) -> Any:
+        """SFT from the start (sft_more, rft): the layers and rate of the demo's RL stage, where it has its own, so
+        the controls train what the RL arms train."""
         config = self.demo.train_config(self.start, data, self.data.prompts, *self.urls)
-        return config.with_settings({"out": str(out), "seed": seed, "sft.epochs": epochs, **self.settings})
+        shared = {key: value for key, value in self.demo.rl_settings().items() if key.startswith(("model.", "sft."))}
+        return config.with_settings({**shared, "out": str(out), "seed": seed, "sft.epochs": epochs, **self.settings})
 
     def sft_more_seconds(self, seed: int) -> float:
         """The wall time to match: --sft_more_seconds, else the mean of the RL arms' at this seed (any seed's

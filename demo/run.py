@@ -4,13 +4,15 @@ In order: a synthetic world; its BM25 index; the retrieval service and the rewar
 judge) as real local processes on free ports; cold-start trajectories from the world's scripted
 teacher (Algorithm 1) and SFT data (Algorithm 2); the policy (by default a tiny one from the
 model factory; ``--model smollm2-135m-instruct`` a real instruct model, with its own recipe);
-evaluation of the untrained policy; SFT; evaluation; PPO with a critic and GAE; evaluation; and
-``report.html`` with the before/after table, the training curves and the trajectory browser.
+evaluation of the untrained policy; SFT; evaluation; RL (the recipe's: PPO with a critic and GAE for R3-RAG,
+without a critic for a pre-trained model on CPU); evaluation; and ``report.html`` with the before/after table,
+the training curves and the trajectory browser.
 
 ``--data DIR`` (a folder of FlashRAG samples such as ``../shared/data``) runs the same stages on real
 questions instead of the world: one BM25 index over the union of the samples' paragraphs, a fixed
 split by question id (:mod:`r3_env.real_data`), cold start from the datasets' own evidence chains
-(the evidence teacher) on the train part, PPO on the train part, evaluation on the eval part.
+(the evidence teacher) on the train part, RL on the train part under the real-question recipe's own settings
+and episode rules (``REAL.rl``: the design measured in docs/results.md), evaluation on the eval part.
 
 Each stage is the library's own (the same calls ``r3rag world``, ``index build``, ``coldstart
 synth``, ``train local`` and ``eval run/score/report`` make), and each resumes: a rerun after an
@@ -40,7 +42,10 @@ from r3_env.recipes import load_recipe
 logger = logging.getLogger(__name__)
 
 DEMO_FILE = "demo.json"
-METRIC_NAMES = {"em": "EM", "full_recall": "Full-Recall"}  # the differences the demo reports
+# the settings a demo.json recorded before they existed, at the values those runs had
+RECORD_DEFAULTS = {"model": "tiny-random", "recipe": "r3", "scheme": "", "lora_rank": 0, "question_docs": 0,
+                   "sft_lr": 0.0, "actor_lr": 0.0, "data": "", "eval_engine": "hf", "rollout_engine": "hf",
+                   "vllm_python": ""}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -200,7 +205,8 @@ REAL = ModelRecipe(
         eval_questions=3,
     ),
     sft={"lr": 5e-5, "batch_size": 8, "micro_batch_size": 2},
-    # recorded in the SFT run's settings (so its folders resume); RL runs under ``rl`` below, which sets them again
+    # recorded in the SFT run's settings (so its folders resume); RL runs under ``rl`` below, which sets all of them
+    # again but micro_batch_size (critic_lr goes unused: RL there has no critic)
     ppo={"micro_batch_size": 2, "train_batch_size": 16, "actor_lr": 1e-6, "critic_lr": 9e-6, "critic_warmup": 1},
     # measured with the recipe's defaults (docs/results.md, "The real-question demo"): the untrained policy writes
     # its 128 tokens a step after the question's four documents, so it costs what a trained one does
@@ -208,10 +214,10 @@ REAL = ModelRecipe(
         prepare_s=60,
         sft_example_s=6.5,
         eval_start_s=40,
-        eval_question_s=1.2,
+        eval_question_s=1.3,
         untrained_question_s=1.2,
         rl_start_s=60,
-        rl_episode_s=6.0,
+        rl_episode_s=6.6,
         sft_keep=0.76,
     ),
     lora_lr_scale=10.0,
@@ -219,9 +225,9 @@ REAL = ModelRecipe(
     # SFT through rank-16 adapters, with the question's own four documents shown before the first step.
     lora_rank=16,
     question_docs=4,
-    # The design that raised Full-Recall over SFT with a CI above 0, and above single-shot BM25 at the same
-    # documents on every dataset, over three seeds (docs/results.md, "Each search with the question's words").
-    # Each setting, with the results section that gave its reason:
+    # The design that raised Full-Recall over SFT with a CI above 0 over three seeds, and was not below single-shot
+    # BM25 at the same documents on any dataset (HotpotQA a tie) (docs/results.md, "Each search with the question's
+    # words"). Each setting, with the results section that gave its reason:
     rl={
         # the last 8 layers, no reference model: more episodes per second ("More episodes per second")
         "model.lora_rank": 0,
@@ -246,6 +252,7 @@ REAL = ModelRecipe(
         # inside the RL step"); ppo.ptx_data is the demo's own SFT data
         "ppo.ptx_select": "failed",
         "ppo.ptx_coef": 1.0,
+        # not RL's: the rate of bench/rl_gain.py's SFT arms (the compute control, rft), which train what RL trains
         "sft.lr": 5e-5,
         # train only on questions whose shown documents lack a gold passage: elsewhere a search cannot pay,
         # and RL learns to stop searching ("Training only where a search can pay")
@@ -432,13 +439,13 @@ class DemoConfig:
         for name in ("lora_rank", "question_docs"):  # recorded as resolved, so a rerun compares what ran
             if getattr(self, name) == -1:
                 object.__setattr__(self, name, getattr(self.model_recipe, name))
-        trained = self.model_recipe.rl.get("model.trainable_layers", 0)
-        if trained and self.model not in MODELS:  # said now, not after SFT (a registry model has enough)
-            layers = json.loads((Path(self.model) / "config.json").read_text()).get("num_hidden_layers", trained)
-            if layers < trained:
+        rl_layers = self.model_recipe.rl.get("model.trainable_layers", 0)
+        if rl_layers and self.model not in MODELS:  # said now, not after SFT (a registry model has enough)
+            layers = json.loads((Path(self.model) / "config.json").read_text()).get("num_hidden_layers", rl_layers)
+            if layers < rl_layers:
                 raise ValueError(
                     f"model: {self.model} has {layers} decoder layers, and the RL stage on real questions trains the "
-                    f"last {trained} (REAL.rl in demo/run.py): pass a model with {trained} or more"
+                    f"last {rl_layers} (REAL.rl in demo/run.py): pass a model with {rl_layers} or more"
                 )
 
     @property
@@ -508,6 +515,7 @@ class Demo:
         self.urls: dict[str, str] = {}
         self.data: DemoData | None = None  # set by the first stage
         self.differences: dict[str, dict[str, float]] = {}  # EM of one policy minus another's, paired CI
+        self.recall_differences: dict[str, dict[str, float]] = {}  # the same in Full-Recall (real questions)
 
     @classmethod
     def from_folder(cls, out: str | Path, **overrides: Any) -> tuple[Demo, dict[str, Any]]:
@@ -518,9 +526,7 @@ class Demo:
         if not path.is_file():
             raise ValueError(f"{path} is missing: give the --out folder of an `r3rag demo` run")
         record = json.loads(path.read_text())
-        # a record from before lora_rank and question_docs had the model recipe's defaults ran at 0
-        config = {"lora_rank": 0, "question_docs": 0, **record["config"], **overrides}
-        return cls(DemoConfig(**config)), record
+        return cls(DemoConfig(**{**RECORD_DEFAULTS, **record["config"], **overrides})), record
 
     @contextmanager
     def stage(self, name: str, title: str) -> Iterator[None]:
@@ -593,20 +599,16 @@ class Demo:
         record = self.out / DEMO_FILE
         if not record.is_file():
             return
-        previous = json.loads(record.read_text()).get("config") or {}
-        previous.setdefault("model", "tiny-random")  # demos recorded before --model existed
-        previous.setdefault("recipe", "r3")  # and before --recipe and --scheme
-        previous.setdefault("scheme", "")
-        previous.setdefault("lora_rank", 0)
-        previous.setdefault("question_docs", 0)
-        defaults = {"sft_lr": 0.0, "actor_lr": 0.0, "data": "", "eval_engine": "hf", "rollout_engine": "hf"}
-        for key, value in {**defaults, "vllm_python": ""}.items():  # and these (engines then ran in HF generate)
-            previous.setdefault(key, value)
-        if previous == dataclasses.asdict(self.config):
+        recorded = json.loads(record.read_text())
+        previous = {**RECORD_DEFAULTS, **(recorded.get("config") or {})}
+        # the budget too: a recipe's budget may change under the same flags (--data's SFT epochs did)
+        budget = recorded.get("budget") or dataclasses.asdict(self.budget)
+        if previous == dataclasses.asdict(self.config) and budget == dataclasses.asdict(self.budget):
             return
         if not overwrite:
             raise ValueError(
-                f"{self.out} holds a demo run with other settings: pass --out DIR for this one, or --overwrite"
+                f"{self.out} holds a demo run with other settings or budget: pass --out DIR for this one, or "
+                "--overwrite"
             )
         shutil.rmtree(self.out)
 
@@ -620,6 +622,7 @@ class Demo:
             "services": self.urls,
             "results": results,
             "differences": self.differences,
+            "full_recall_differences": self.recall_differences,
         }
         (self.out / DEMO_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
@@ -647,13 +650,18 @@ class Demo:
         """The model recipe's RL settings over the SFT run's, with this demo's --actor_lr and --scheme over them;
         PPO-ptx's data is the demo's own SFT data."""
         rl = dict(self.config.model_recipe.rl)
-        if self.config.scheme:  # an ablation's scheme runs with its own options
-            rl = {key: value for key, value in rl.items() if not key.startswith("reward.")}
+        if self.config.scheme:  # an ablation's scheme runs with its own options, the rest equal
+            rl = {key: value for key, value in rl.items() if key not in ("reward.scheme", "reward.options")}
         if self.config.actor_lr:
             rl["ppo.actor_lr"] = self.config.actor_lr
         if rl.get("ppo.ptx_coef"):
-            rl["ppo.ptx_data"] = str(self.out / "coldstart" / "sft.jsonl")
+            rl["ppo.ptx_data"] = str(self.sft_data_file)
         return rl
+
+    @property
+    def sft_data_file(self) -> Path:
+        """The SFT examples built from the cold start's trajectories (Algorithm 2)."""
+        return self.out / "coldstart" / "sft.jsonl"
 
     def sources(self) -> DemoData:
         """The synthetic world, or the real samples of ``--data`` split by question id."""
@@ -752,7 +760,7 @@ class Demo:
     def sft_data(self, trajectories: Path, policy: Path) -> Path:
         from r3_env.coldstart.sft_data import SFTDataConfig, build_sft_data
 
-        out = trajectories.with_name("sft.jsonl")
+        out = self.sft_data_file
         self.paths["sft_data"] = out
         with self.stage("sft_data", "5b. SFT data (Algorithm 2)"):
             if not out.is_file():
@@ -939,15 +947,14 @@ class Demo:
             yield retriever.url, reward.url
 
     def compare(self, pairs: tuple[tuple[str, str], ...], metric: str = "em") -> dict[str, dict[str, float]]:
-        """``metric`` (EM) of each (policy, baseline) evaluated here, minus the baseline's on the same questions,
-        with its paired bootstrap 95% CI; keyed "arm - base", with the metric's name after a comma unless EM."""
+        """``metric`` of each (policy, baseline) evaluated here, minus the baseline's on the same questions, with
+        its paired bootstrap 95% CI, keyed "policy - baseline"."""
         from eval.compare import compare_runs, question_set
 
         assert self.data is not None
         questions = question_set(self.data.eval, self.budget.eval_questions)
-        name = "" if metric == "em" else f", {METRIC_NAMES[metric]}"
         return {
-            f"{arm} - {base}{name}": compare_runs(
+            f"{arm} - {base}": compare_runs(
                 self.paths[f"eval_{arm}"], self.paths[f"eval_{base}"], questions, metric=metric
             )
             for arm, base in pairs
@@ -960,9 +967,10 @@ class Demo:
         estimator = recipe.rl.get("ppo.estimator", recipe.ppo.get("estimator"))
         if self.config.method.recipe != "r3" or estimator not in ("reinforce", "group_norm"):
             return self.config.method.title
+        rewards = "one reward per episode" if recipe.rl.get("reward.placement") == "scalar" else "per-step rewards"
         if estimator == "reinforce":
-            return "PPO with REINFORCE++ returns (no critic, per-step rewards)"
-        return "PPO with group-normalised advantages (no critic, one reward per episode)"
+            return f"PPO with REINFORCE++ returns (no critic, {rewards})"
+        return f"PPO with group-normalised advantages (no critic, {rewards})"
 
     # -- the whole pipeline -----------------------------------------------------------------------
 
@@ -1006,7 +1014,7 @@ class Demo:
                 results["ppo"] = _summary(self.evaluate("ppo", ppo_policy, data.eval, *urls))
             self.differences = self.compare((("sft", "untrained"), ("ppo", "untrained"), ("ppo", "sft")))
             if self.config.data:  # what RL raises on real questions: documents found (docs/results.md)
-                self.differences |= self.compare((("ppo", "sft"),), metric="full_recall")
+                self.recall_differences = self.compare((("ppo", "sft"),), metric="full_recall")
             if self.config.method.no_retrieval_eval:
                 with self.stage("eval_ppo_direct", "9b. evaluate the PPO policy answering without retrieval"):
                     scores = self.evaluate("ppo_direct", ppo_policy, data.eval, *urls, eval_method="direct")
@@ -1090,12 +1098,9 @@ def format_summary(demo: Demo, results: dict[str, Any]) -> str:
 
     if demo.differences:
         questions = next(iter(demo.differences.values()))["n"]
-        by_metric: dict[str, dict[str, dict[str, float]]] = {}
-        for key, ci in demo.differences.items():
-            pair, _, metric = key.partition(", ")
-            by_metric.setdefault(metric or "EM", {})[pair] = ci
-        for metric, pairs in by_metric.items():
-            lines.append(f"  {metric} difference on the same {questions} questions (paired bootstrap 95% CI):")
+        for metric, pairs in (("EM", demo.differences), ("Full-Recall", demo.recall_differences)):
+            if pairs:
+                lines.append(f"  {metric} difference on the same {questions} questions (paired bootstrap 95% CI):")
             for pair, ci in pairs.items():
                 mean, lo, hi = (100 * ci[key] for key in ("mean", "lo", "hi"))
                 lines.append(f"    {pair:<18}{mean:+6.1f}  ({lo:+.1f} to {hi:+.1f})")

@@ -637,7 +637,7 @@ def write_report(
     root: Path,
     out: Path | None = None,
     max_questions_per_run: int = 2000,
-    training: Path | Sequence[Path] | None = None,
+    training: str | Path | Sequence[str | Path] | None = None,
     baselines: Sequence[str] = (),
     learned: Sequence[str] = (),
 ) -> dict[str, Path]:
@@ -656,8 +656,8 @@ def write_report(
     out = out or root
     out.mkdir(parents=True, exist_ok=True)
     tables = build_tables(runs, root, baselines)
-    folders = [training] if isinstance(training, Path) else list(training or [])
-    charts = [chart for folder in folders for chart in training_charts(folder)]
+    folders = [training] if isinstance(training, str | Path) else list(training or [])
+    charts = [chart for folder in folders for chart in training_charts(Path(folder))]
     if charts:
         tables["training"] = charts
     items = [

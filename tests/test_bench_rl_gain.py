@@ -460,6 +460,36 @@ def test_rft_fine_tunes_the_start_on_the_correct_episodes_it_sampled(demo, tmp_p
     assert config["model"]["policy"] == str(bench.start) and seconds > 0
 
 
+def test_on_a_real_question_demo_every_arm_trains_and_is_evaluated_under_its_rl_settings(tmp_path):
+    """A real-question demo's RL stage has settings of its own (REAL.rl): the RL arms train under them, the
+    SFT arms (sft_more, rft) train the same layers at the same rate, every arm is evaluated under their episode
+    rules, and a result records them, so one trained under other settings is not read back as this bench's."""
+    import argparse
+
+    from conftest import SHARED_DATA
+
+    from demo.run import REAL, Demo, DemoConfig
+
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"no shared data at {SHARED_DATA}: the real-question split needs it")
+    model = tmp_path / "start"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 8}))
+    demo = Demo(DemoConfig(out=str(tmp_path / "demo"), model=str(model), data=str(SHARED_DATA), eval_engine="hf",
+                           rollout_engine="hf"))  # fmt: skip
+    args = argparse.Namespace(episodes=32, dev_questions=0, rft_temperature=1.0, seed_list=[0],
+                              sft_more_seconds=0.0, start=str(model), out=str(tmp_path / "bench"))  # fmt: skip
+    bench = RLGain(demo, args, {"ppo.actor_lr": "1e-5"})
+    assert bench.env["query_with_question"] and bench.env["stop_after_action"] and bench.env["question_docs"] == 4
+    assert bench.env_changes == {"stop_after_action": True, "query_with_question": True}
+    assert bench.arm_settings("sft", None)["env"] == bench.env_changes
+    recorded = bench.arm_settings("rl_gold", 0)["recipe"]
+    assert recorded["reward.options"] == REAL.rl["reward.options"] and "ppo.actor_lr" not in recorded  # --set's
+    sft = bench.sft_config(tmp_path / "sft.jsonl", tmp_path / "out", 0, 1)
+    assert (sft.model.lora_rank, sft.model.trainable_layers, sft.sft.lr) == (0, 8, REAL.rl["sft.lr"])
+    assert bench.per_iteration == 16 and bench.iterations == 2  # the recipe's batch: 4 questions x 4 samples
+
+
 def test_a_start_without_a_saved_policy_is_refused_naming_the_flag(tmp_path):
     command = [sys.executable, str(ROOT / "bench" / "rl_gain.py"), "--demo", str(tmp_path),
                "--start", str(tmp_path / "nowhere")]  # fmt: skip

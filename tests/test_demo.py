@@ -303,7 +303,7 @@ def test_lora_rank_and_question_docs_reach_the_trainer(tmp_path):
 def test_real_questions_take_the_measured_recipe_and_flags_still_choose(tmp_path):
     """--data: SFT through rank-16 adapters with four question documents, and RL under its own settings and rules
     (REAL.rl), recorded as resolved; the world keeps full fine-tuning and one run for both stages."""
-    from demo.run import REAL, Demo, DemoConfig
+    from demo.run import Demo, DemoConfig
 
     model = tmp_path / "m"
     model.mkdir()
@@ -321,21 +321,28 @@ def test_real_questions_take_the_measured_recipe_and_flags_still_choose(tmp_path
                              question_docs=0, actor_lr=3e-6, scheme="outcome"))  # fmt: skip
     assert (chosen.config.lora_rank, chosen.config.question_docs) == (0, 0)
     settings = chosen.rl_settings()
-    assert settings["ppo.actor_lr"] == 3e-6 and not any(key.startswith("reward.") for key in settings)
+    assert settings["ppo.actor_lr"] == 3e-6 and not {"reward.scheme", "reward.options"} & set(settings)
+    assert settings["reward.placement"] == "scalar" and "one reward per episode" in chosen.rl_title  # all else equal
     world = Demo(DemoConfig(out=str(tmp_path / "w"), model=str(model)))
     assert (world.config.lora_rank, world.config.question_docs) == (0, 0)
     assert world.rl_run == tmp_path / "w" / "train" and world.rl_settings() == {} and world.rl_env == world.env
-    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 2}))
-    with pytest.raises(ValueError, match="has 2 decoder layers.*trains the last 8"):
-        DemoConfig(out=str(tmp_path / "d"), model=str(model), data=str(tmp_path))
-    assert REAL.rl["model.trainable_layers"] == 8
+    # a rerun under the same flags resumes; a budget the recipe has changed since is refused before any work
+    demo.write_record({})
+    demo.check_folder(overwrite=False)
+    record = json.loads((tmp_path / "d" / "demo.json").read_text())
+    (tmp_path / "d" / "demo.json").write_text(json.dumps({**record, "budget": {**record["budget"], "sft_epochs": 2}}))
+    with pytest.raises(ValueError, match="other settings or budget"):
+        demo.check_folder(overwrite=False)
     # a record from before these defaults ran at 0: a bench reading it back does not take the new ones
     (tmp_path / "old").mkdir()
-    record = {"config": {"out": str(tmp_path / "old"), "model": "tiny-random", "eval_engine": "hf",
-                         "rollout_engine": "hf"}}  # fmt: skip
+    record = {"config": {"out": str(tmp_path / "old"), "model": str(model), "data": str(tmp_path),
+                         "eval_engine": "hf", "rollout_engine": "hf"}}  # fmt: skip
     (tmp_path / "old" / "demo.json").write_text(json.dumps(record))
     old, _ = Demo.from_folder(tmp_path / "old")
     assert (old.config.lora_rank, old.config.question_docs) == (0, 0)
+    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 2}))
+    with pytest.raises(ValueError, match="has 2 decoder layers.*trains the last 8"):
+        DemoConfig(out=str(tmp_path / "d"), model=str(model), data=str(tmp_path))
 
 
 def test_the_untrained_policy_is_known_before_the_demo_ends(tmp_path):
@@ -443,7 +450,8 @@ def test_real_data_demo_trains_on_one_part_and_evaluates_on_the_other(real_data_
         "r3_gold", "group_norm", "missing_gold")  # fmt: skip
     assert config["ppo"]["ptx_data"] == str(out / "coldstart" / "sft.jsonl")
     assert [row["step"] for row in read_metrics(out / "rl") if row["stage"] == "ppo"] == [1, 2]
-    assert set(record["differences"]) == {"sft - untrained", "ppo - untrained", "ppo - sft", "ppo - sft, Full-Recall"}
+    assert set(record["differences"]) == {"sft - untrained", "ppo - untrained", "ppo - sft"}
+    assert set(record["full_recall_differences"]) == {"ppo - sft"}
     assert "Full-Recall difference on the same 9 questions" in real_data_demo["stdout"]
     # every evaluation ran on the eval part: 3 questions of each dataset
     for name in ("untrained", "sft", "ppo"):
