@@ -462,9 +462,10 @@ class RLGain:
         changed = sorted(key.split(".", 1)[1] for key in settings if key.startswith("env."))
         self.env = {**demo.rl_env, **{key: getattr(config.rollout.env, key) for key in changed}}
         self.env_changes = {key: value for key, value in self.env.items() if demo.env.get(key) != value}
-        # the demo's RL settings that --set leaves as they are: recorded too, so a result trained under others
-        # (an older demo's) is refused, not mixed in
-        self.recipe_settings = {key: value for key, value in demo.rl_settings().items() if key not in settings}
+        # the demo's RL settings that --set leaves as they are (and each RL arm's scheme its own): recorded too, so
+        # a result trained under others (an older demo's) is refused, not mixed in
+        given = {*settings, "reward.scheme"}
+        self.recipe_settings = {key: value for key, value in demo.rl_settings().items() if key not in given}
         self.samples = ppo.n_samples_per_prompt
         self.per_iteration = ppo.rollout_batch_size * self.samples
         self.iterations = math.ceil(args.episodes / self.per_iteration)

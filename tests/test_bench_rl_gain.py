@@ -485,6 +485,7 @@ def test_on_a_real_question_demo_every_arm_trains_and_is_evaluated_under_its_rl_
     assert bench.arm_settings("sft", None)["env"] == bench.env_changes
     recorded = bench.arm_settings("rl_gold", 0)["recipe"]
     assert recorded["reward.options"] == REAL.rl["reward.options"] and "ppo.actor_lr" not in recorded  # --set's
+    assert "reward.scheme" not in recorded  # each RL arm's own
     sft = bench.sft_config(tmp_path / "sft.jsonl", tmp_path / "out", 0, 1)
     assert (sft.model.lora_rank, sft.model.trainable_layers, sft.sft.lr) == (0, 8, REAL.rl["sft.lr"])
     assert bench.per_iteration == 16 and bench.iterations == 2  # the recipe's batch: 4 questions x 4 samples
