@@ -453,9 +453,10 @@ class RLGain:
         self.out = Path(args.out)
         self.start = Path(args.start).resolve() if args.start else demo.finished_sft_policy()
         self.data = demo.sources()
+        self.rl_settings = demo.rl_settings()  # the demo's RL stage's own settings, where its recipe has them
         # the batch PPO will run: the demo's RL stage's, as --set changes it
         config = demo.train_config(self.start, "", self.data.prompts, "", "")
-        config = config.with_settings({**demo.rl_settings(), **settings})
+        config = config.with_settings({**self.rl_settings, **settings})
         ppo = config.ppo
         # every arm is evaluated under the demo's RL rules, and --set env.* changes the episode for every arm, so
         # evaluation (the start's too) follows it; the changes from the cold start's rules are each result's record
@@ -465,7 +466,7 @@ class RLGain:
         # the demo's RL settings that --set leaves as they are (and each RL arm's scheme its own): recorded too, so
         # a result trained under others (an older demo's) is refused, not mixed in
         given = {*settings, "reward.scheme"}
-        self.recipe_settings = {key: value for key, value in demo.rl_settings().items() if key not in given}
+        self.recipe_settings = {key: value for key, value in self.rl_settings.items() if key not in given}
         self.samples = ppo.n_samples_per_prompt
         self.per_iteration = ppo.rollout_batch_size * self.samples
         self.iterations = math.ceil(args.episodes / self.per_iteration)
@@ -553,7 +554,7 @@ class RLGain:
         """SFT from the start (sft_more, rft): the layers and rate of the demo's RL stage, where it has its own, so
         the controls train what the RL arms train."""
         config = self.demo.train_config(self.start, data, self.data.prompts, *self.urls)
-        shared = {key: value for key, value in self.demo.rl_settings().items() if key.startswith(("model.", "sft."))}
+        shared = {key: value for key, value in self.rl_settings.items() if key.startswith(("model.", "sft."))}
         return config.with_settings({**shared, "out": str(out), "seed": seed, "sft.epochs": epochs, **self.settings})
 
     def sft_more_seconds(self, seed: int) -> float:

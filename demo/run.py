@@ -232,7 +232,6 @@ REAL = ModelRecipe(
         # the last 8 layers, no reference model: more episodes per second ("More episodes per second")
         "model.lora_rank": 0,
         "model.trainable_layers": 8,
-        "model.mixed_precision": "no",
         "ppo.actor_lr": 2e-5,
         "ppo.init_kl_coef": 0.0,
         # no critic: group-normalised advantages over each question's 4 samples, groups whose rewards all tie
@@ -1027,7 +1026,7 @@ class Demo:
             runs = dict.fromkeys((self.out / "train", self.rl_run))  # SFT's run, then RL's where it has its own
             paths = write_report(self.out / "eval", self.out, training=list(runs), learned=learned)
         self.paths.update(report=paths["html"], train=self.out / "train", sft_policy=sft_policy, ppo_policy=ppo_policy)
-        if self.rl_run != self.out / "train":
+        if self.config.model_recipe.rl:
             self.paths["rl"] = self.rl_run
         self.write_record(results)
         return results
