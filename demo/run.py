@@ -555,8 +555,7 @@ class Demo:
         else:
             asked = sum(_count_lines(Path(name)) for name in self.data.coldstart.split(","))
             examples = round(costs.sft_keep * min(asked, budget.coldstart_questions or asked))
-        per_dataset = budget.eval_questions or 10**9  # 0: all
-        questions = sum(min(_count_lines(Path(name)), per_dataset) for name in self.data.eval.split(","))
+        questions = _questions_asked(self.data.eval, budget.eval_questions)
         episodes = budget.ppo_iterations * budget.rollout_batch_size * budget.n_samples_per_prompt
         # the costs are vLLM's; HF generate starts at once and generates about 4x slower (docs/benchmarks.md)
         vllm = self.config.eval_engine == "vllm"
@@ -888,9 +887,7 @@ class Demo:
         log = Path(settings["out"]).with_suffix(".vllm.log")
         log.parent.mkdir(parents=True, exist_ok=True)
         env = {**vllm_cpu_env(), **os.environ}
-        total = sum(
-            min(_count_lines(Path(name)), settings["max_questions"] or 10**9) for name in settings["data"].split(",")
-        )
+        total = _questions_asked(settings["data"], settings["max_questions"])
         with open(log, "a") as handle:
             process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env)
             returncode = _follow(process, Path(settings["out"]) / PREDICTIONS, total, f"eval {settings['name']} (vLLM)")
@@ -1045,6 +1042,12 @@ def _count_lines(path: Path) -> int:
         return 0
     with open(path, "rb") as handle:
         return sum(1 for _ in handle)
+
+
+def _questions_asked(data: str, per_dataset: int) -> int:
+    """The questions an evaluation asks of ``data`` (comma-separated files): the first ``per_dataset`` of each
+    (0: all), as ``r3rag eval run --max_questions`` takes them."""
+    return sum(min(_count_lines(Path(name)), per_dataset or 10**9) for name in data.split(","))
 
 
 def _follow(process: Any, predictions: Path, total: int, desc: str) -> int:
