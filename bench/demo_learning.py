@@ -26,11 +26,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from demo.run import ENV, Demo, DemoConfig  # noqa: E402
+from demo.run import Demo, DemoConfig  # noqa: E402
 from demo.services import ServiceProcess  # noqa: E402
+from demo.settings import ENV  # noqa: E402
+from r3_env.real_data import SHARED_DATA  # noqa: E402
 
 POLICIES = ("untrained", "sft", "ppo")
-DATA = ROOT.parent / "shared" / "data"
 
 
 def policy_folders(demo: Demo) -> dict[str, Path]:
@@ -82,7 +83,7 @@ def seed_rows(args: argparse.Namespace, folder: Path, seed: int, hotpotqa: Path)
     if saved.is_file():
         record = json.loads(saved.read_text())
         if record["settings"].get("hotpotqa"):  # rows saved before the sample's path was recorded used the default
-            record["settings"].setdefault("data", str((DATA / "hotpotqa").resolve()))
+            record["settings"].setdefault("data", str((SHARED_DATA / "hotpotqa").resolve()))
         if record["settings"] != settings:
             sys.exit(f"{saved} was measured with {record['settings']}, not {settings}: give another --out")
         print(f"seed {seed}: read back from {saved}", flush=True)
@@ -119,7 +120,7 @@ def main() -> None:
     parser.add_argument("--model", default="tiny-random", help="the demo's --model")
     parser.add_argument("--quick", action="store_true", help="the --quick demo budget")
     parser.add_argument("--hotpotqa", type=int, default=0, help="also answer this many shared HotpotQA questions")
-    parser.add_argument("--data", default=str(DATA), help="the shared samples' folder")
+    parser.add_argument("--data", default=str(SHARED_DATA), help="the shared samples' folder")
     parser.add_argument("--out", default="bench_out/demo_learning")
     args = parser.parse_args()
     hotpotqa = Path(args.data) / "hotpotqa"

@@ -25,6 +25,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from r3_env.real_data import SHARED_DATA  # noqa: E402
+
 
 def tiny_model(folder: Path) -> Path:
     import torch
@@ -63,7 +65,7 @@ def forcing_script(tokenizer, retrievals: int, step_format: str = "r3"):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", default=str(ROOT.parent / "shared/data/hotpotqa/dev.jsonl"))
+    parser.add_argument("--data", default=str(SHARED_DATA / "hotpotqa" / "dev.jsonl"))
     parser.add_argument("--retrievals", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=32)
     args = parser.parse_args()

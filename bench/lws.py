@@ -28,7 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from demo.run import METHODS, Demo, DemoConfig  # noqa: E402
+from demo.run import Demo, DemoConfig  # noqa: E402
+from demo.settings import METHODS  # noqa: E402
 from r3_env.train.metrics import read_metrics  # noqa: E402
 
 SCHEMES = ("lws", "outcome")

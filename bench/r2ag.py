@@ -46,7 +46,6 @@ import asyncio
 import copy
 import json
 import logging
-import os
 import statistics
 import subprocess
 import sys
@@ -62,6 +61,7 @@ sys.path.insert(0, str(ROOT))
 from r3_env.coldstart.evidence import evidence_hops  # noqa: E402
 from r3_env.data import Passage, QAItem, read_dataset  # noqa: E402
 from r3_env.protocol import StepFormat, get_format  # noqa: E402
+from r3_env.real_data import DATASETS, SHARED_DATA  # noqa: E402
 from r3_env.recipes import load_recipe  # noqa: E402
 from r3_env.retrieval import load_retriever  # noqa: E402
 from r3_env.retrieval.base import Retriever  # noqa: E402
@@ -72,8 +72,6 @@ from r3_env.tree import Steer, Tree, TreeConfig, expand_tree, oracle_steerer, tr
 
 logger = logging.getLogger("bench.r2ag")
 
-DATASETS = ("hotpotqa", "2wikimultihopqa", "musique")
-SHARED_DATA = Path(os.environ.get("R3RAG_SHARED_DATA", ROOT.parent / "shared" / "data"))
 # docs/recipes/r2ag.md#the-papers-figures: Recall / Full-Recall / @K (e5 retriever, Qwen3-8B steering model,
 # base queries top-1).
 PAPER = {

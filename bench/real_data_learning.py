@@ -7,7 +7,7 @@
 Runs ``r3rag demo --data DATA`` into OUT/demo (a rerun resumes): one BM25 index over the union of the
 samples' paragraphs, the fixed split by question id (``r3_env.real_data``), the evidence teacher's
 cold start on the train part, SFT, RL under the real-question recipe's settings (``REAL.rl`` in
-demo/run.py), and evaluations of the untrained (zero-shot), SFT and RL policies on the eval part. Then, on
+demo/settings.py), and evaluations of the untrained (zero-shot), SFT and RL policies on the eval part. Then, on
 the same eval questions:
 
 - single-shot BM25 at the same number of documents: the question as the one query, top-K with K
@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from demo.run import Demo, DemoConfig  # noqa: E402
+from r3_env.real_data import SHARED_DATA  # noqa: E402
 
 # R3-RAG (Qwen2.5-7B, E5 over Wikipedia 2018, full dev sets), docs/recipes/r3-rag.md#the-papers-figures:
 # ACC / F1 / EM.
@@ -162,7 +163,7 @@ def print_table(rows: dict[str, dict[str, dict]], datasets: list[str]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
+    parser.add_argument("--data", default=str(SHARED_DATA))
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--lora_rank", type=int, default=-1, help="as r3rag demo's (-1: the recipe's, 16)")
     parser.add_argument("--eval_engine", default="hf", choices=("hf", "vllm"))

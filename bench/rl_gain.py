@@ -31,7 +31,7 @@ n_samples_per_prompt)) iterations of its batch (the demo's, or ``--set``'s ppo.r
 ppo.n_samples_per_prompt); ``rft`` samples ceil(episodes / n_samples) questions n_samples times.
 ``--set`` (dotted ``r3rag train local`` keys, as bench/ppo_ablation.py's) applies to every arm that
 trains. Under it are the demo's own RL settings, where its recipe has them (a real-question demo's
-``REAL.rl`` in demo/run.py: the measured design): the RL arms train under all of them (the arm's
+``REAL.rl`` in demo/settings.py: the measured design): the RL arms train under all of them (the arm's
 ``reward.scheme`` over theirs), ``sft_more`` and ``rft`` under their ``model.*`` and ``sft.*`` (the layers
 and rate RL trains), and every arm, ``sft`` included, is evaluated under their episode rules (``env.*``).
 
@@ -644,21 +644,8 @@ class RLGain:
 
         settings = {"data": str(data), "out": str(out), "name": out.name, "max_questions": 0, "concurrency": 32,
                     "step_format": self.demo.config.method.step_format, "method": "r3"}  # fmt: skip
-        temperature = self.args.rft_temperature
-        if self.demo.config.eval_engine == "vllm":
-            generation = {"generation.temperature": temperature, "generation.seed": seed}
-            self.demo._evaluate_in_vllm_env({**settings, **generation}, policy, self.urls[0], self.env)
-        else:
-            from demo.run import MAX_MODEL_LEN
-            from eval.engines import EngineConfig, GenerationConfig
-            from eval.run import EvalRunConfig, run_eval
-            from r3_env.env import EnvConfig
-            from r3_env.runs import RetrievalSource
-
-            engine = EngineConfig(kind="hf", model=str(policy), dtype="float32", max_model_len=MAX_MODEL_LEN)
-            generation = GenerationConfig(temperature=temperature, seed=seed)
-            asyncio.run(run_eval(EvalRunConfig(**settings), EnvConfig(**self.env), engine, generation,
-                                 RetrievalSource(url=self.urls[0])))  # fmt: skip
+        generation = {"temperature": self.args.rft_temperature, "seed": seed}
+        self.demo.run_episodes(settings, policy, self.urls[0], self.env, generation)
         asyncio.run(score_run(ScoreConfig(run=str(out)), JudgeClientConfig(url=self.urls[1])))
 
     def train_rft(self, seed: int) -> tuple[Path, float, dict[str, Any]]:

@@ -23,8 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from demo.run import ENV  # noqa: E402
 from demo.services import ServiceProcess, VLLMServer  # noqa: E402
+from demo.settings import ENV  # noqa: E402
 
 
 def main() -> None:

@@ -31,7 +31,6 @@ def run(args: argparse.Namespace) -> int:
 
     from demo.run import Demo, DemoConfig, format_summary
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
     for noisy in ("httpx", "transformers", "datasets"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     [config] = configs_from_args(args, [("", DemoConfig)])

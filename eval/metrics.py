@@ -29,7 +29,6 @@ from r3_env.answers import exact_match, f1_score, sub_exact_match
 from r3_env.retrieval.metrics import retrieval_metrics as ranked_list_metrics
 
 ANSWER_METRICS = ("em", "f1", "sub_em")
-RETRIEVAL_METRICS = ("recall", "full_recall", "map")
 TREE_METRICS = ("iterations", "retrieval_s", "generation_s")  # per question, of retrieval-only records
 
 

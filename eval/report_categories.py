@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from eval.report import Run, _e, _md_table
+from r3_env.answers import judged_correct
 from r3_env.data import iter_jsonl
 
 logger = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ def _verdicts(run: Run, metric: str) -> dict[str, dict[str, bool]] | None:
         return None
     verdicts: dict[str, dict[str, bool]] = defaultdict(dict)
     for _, row in iter_jsonl(path):
-        verdicts[row["dataset"]][row["id"]] = bool((row.get(metric) or 0.0) >= 0.5)
+        verdicts[row["dataset"]][row["id"]] = judged_correct(row.get(metric) or 0.0)
     return verdicts
 
 

@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from eval.metrics import aggregate, average, matched_k, question_metrics, step_limit
 from eval.run import PREDICTIONS, RUNS_LOG, read_manifest
+from r3_env.answers import judged_correct
 from r3_env.batching import Coalescer
 from r3_env.config import positive_ints
 from r3_env.data import JsonlWriter, iter_jsonl, write_jsonl
@@ -161,7 +162,7 @@ def score_rows(
                 verdict = None
                 if verdicts is not None:
                     entry = verdicts.get(row["id"])
-                    verdict = float(entry is not None and entry["score"] >= 0.5)
+                    verdict = float(entry is not None and judged_correct(entry["score"]))
                 metric = question_metrics(row, cutoff, verdict)
                 if not retrieves:
                     metric["retrieval"] = None

@@ -2,7 +2,7 @@
 # The evaluation recipe on one GPU node: serve the retriever and the judge, evaluate, score, report.
 #
 #   DATA=data/hotpotqa/dev.jsonl,data/2wikimultihopqa/dev.jsonl,data/musique/dev.jsonl \
-#   RETRIEVER_CONFIG=e5.yaml POLICY=checkpoints/r3-rl bash launch/eval.sh [--dry-run] [more `r3rag eval run` flags]
+#   RETRIEVER_CONFIG=e5.yaml POLICY=checkpoints/r3-ppo bash launch/eval.sh [--dry-run] [more `r3rag eval run` flags]
 #
 # The paper's protocol by default: greedy, top-5 per step, at most 5 steps, judge ACC + EM + F1.
 # Services already running elsewhere are used instead of started here (RETRIEVER_URL, REWARD_URL).

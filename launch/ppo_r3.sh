@@ -9,11 +9,11 @@
 #
 # The recipe (RECIPE, recipes/<name>.yaml) holds the method's settings: the agent reads its env, reward,
 # services and policy sections through $R3RAG_AGENT_CONFIG, and its algo section gives the defaults of
-# ALGO, POLICY, LABEL_KEY, ROLLOUT_BATCH, SAMPLES_PER_PROMPT, ACTOR_LR, TOP_P, MAX_LEN, EPISODES, STEPS and
-# DYNAMIC_FILTERING_RANGE below ("the recipe's"); a variable set here wins.
+# ALGO, POLICY, LABEL_KEY, ROLLOUT_BATCH, SAMPLES_PER_PROMPT, ACTOR_LR, TOP_P, TEMPERATURE, KL_COEF, MAX_LEN,
+# EPISODES, STEPS, DYNAMIC_FILTERING and DYNAMIC_FILTERING_RANGE below ("the recipe's"); a variable set here wins.
 #
 # Variables (defaults in brackets):
-#   RECIPE            a recipe's name (r3, lws, r2ag: recipes/<name>.yaml) or file [r3]
+#   RECIPE            a recipe's name (r3, r3_recall, lws, r2ag: recipes/<name>.yaml) or file [r3]
 #   POLICY            the cold-start (SFT) checkpoint or a hub name [the recipe's; r3: Qwen/Qwen2.5-7B-Instruct]
 #   PROMPT_DATA       RL questions, FlashRAG jsonl (question, golden_answers) [data/hotpotqa_rl.jsonl]
 #   INPUT_KEY         question field [question]
@@ -28,9 +28,11 @@
 #                     dapo (group_norm, clip 0.2 / 0.28, dynamic filtering; see launch/dapo_lws.sh)
 #                     [the recipe's; r3: ppo]
 #   KL_COEF           KL coefficient: ppo's penalty in the reward, the others' loss term (k3, k2 for reinforce++);
-#                     0: no KL and no reference model [0.01 for ppo, 0.001 for grpo and reinforce++, 1e-4 for dapo]
+#                     0: no KL and no reference model [the recipe's, else 0.01 for ppo, 0.001 for grpo and
+#                     reinforce++, 1e-4 for dapo]
 #   DYNAMIC_FILTERING 1: drop prompts whose samples are all right or all wrong and draw others (OpenRLHF's
-#                     dynamic filtering on the score, which r3rag sets to answer accuracy) [1 for dapo, else 0]
+#                     dynamic filtering on the score, which r3rag sets to answer accuracy) [the recipe's, else 1 for
+#                     dapo, 0 for the others]
 #   DYNAMIC_FILTERING_RANGE  LOW HIGH: dynamic filtering keeps a prompt when its samples' mean score lies
 #                     strictly between them (HIGH may be inf) [the recipe's, else "0 1": accuracy neither 0 nor 1]
 #   PLACEMENT         step (each step's reward at its last token; ppo only: group baselines normalise
@@ -53,6 +55,7 @@
 #   SAMPLES_PER_PROMPT          [the recipe's, else 4 for ppo, 8 for grpo, reinforce++ and dapo]
 #   ACTOR_LR          actor learning rate [the recipe's; r3: 5e-7]
 #   TOP_P             rollout top-p (--rollout.top_p) [the recipe's, else OpenRLHF's]
+#   TEMPERATURE       rollout temperature (--rollout.temperature) [the recipe's, else 1.0]
 #   EPISODES          passes over the prompts (--train.num_episodes) [the recipe's; r3: 4]
 #   STEPS             at most this many training steps: the run reads the first STEPS * ROLLOUT_BATCH / EPISODES
 #                     prompts of PROMPT_DATA, EPISODES times [the recipe's, else every prompt]
@@ -78,7 +81,7 @@ set_here=()
 for name in RECIPE POLICY PROMPT_DATA INPUT_KEY LABEL_KEY RETRIEVER_URL REWARD_URL SCHEME REWARD_OPTIONS \
     QUERY_ENCODER ALGO KL_COEF DYNAMIC_FILTERING DYNAMIC_FILTERING_RANGE PLACEMENT ROLLOUT_BATCH START_STEP \
     NODES GPUS_PER_NODE COLOCATE ACTOR_NODES ACTOR_GPUS_PER_NODE CRITIC_NODES CRITIC_GPUS_PER_NODE \
-    VLLM_ENGINES VLLM_TP VLLM_GPU_MEMORY SAMPLES_PER_PROMPT ACTOR_LR TOP_P EPISODES STEPS MAX_LEN SAVE_DIR CKPT_DIR \
+    VLLM_ENGINES VLLM_TP VLLM_GPU_MEMORY SAMPLES_PER_PROMPT ACTOR_LR TOP_P TEMPERATURE EPISODES STEPS MAX_LEN SAVE_DIR CKPT_DIR \
     SAVE_STEPS TENSORBOARD_DIR TRAJECTORY_LOG; do
     if [[ -n "${!name+set}" ]]; then value="${!name}"; set_here+=("$name=${value#"$repo"/}"); fi
 done
@@ -104,7 +107,7 @@ if ! recipe_lines="$("$PYTHON" -m r3_env.recipes shell "$RECIPE" 2>"$python_erro
 fi
 recipe_path="" recipe_name="" recipe_ALGO="" recipe_POLICY="" recipe_LABEL_KEY="" recipe_ROLLOUT_BATCH=""
 recipe_SAMPLES_PER_PROMPT="" recipe_ACTOR_LR="" recipe_TOP_P="" recipe_MAX_LEN="" recipe_EPISODES="" recipe_STEPS=""
-recipe_DYNAMIC_FILTERING_RANGE=""
+recipe_DYNAMIC_FILTERING_RANGE="" recipe_TEMPERATURE="" recipe_KL_COEF="" recipe_DYNAMIC_FILTERING=""
 eval "$recipe_lines"
 for name in POLICY ROLLOUT_BATCH ACTOR_LR EPISODES MAX_LEN; do
     from_recipe="recipe_$name"
@@ -144,6 +147,9 @@ ACTOR_LR="${ACTOR_LR:-$recipe_ACTOR_LR}"
 EPISODES="${EPISODES:-$recipe_EPISODES}"
 SAMPLES_PER_PROMPT="${SAMPLES_PER_PROMPT:-${recipe_SAMPLES_PER_PROMPT:-}}"
 TOP_P="${TOP_P:-${recipe_TOP_P:-}}"
+TEMPERATURE="${TEMPERATURE:-${recipe_TEMPERATURE:-1.0}}"
+KL_COEF="${KL_COEF:-${recipe_KL_COEF:-}}"
+DYNAMIC_FILTERING="${DYNAMIC_FILTERING:-${recipe_DYNAMIC_FILTERING:-}}"
 STEPS="${STEPS:-${recipe_STEPS:-}}"
 
 case "$ALGO" in
@@ -183,6 +189,7 @@ if [[ -n "$TOP_P" ]]; then
     require_number TOP_P
     algo_flags+=(--rollout.top_p "$TOP_P")
 fi
+require_number TEMPERATURE
 require_int 0 START_STEP
 require_number ACTOR_LR KL_COEF
 if [[ "$DYNAMIC_FILTERING" != 0 && "$DYNAMIC_FILTERING" != 1 ]]; then
@@ -320,7 +327,7 @@ cmd=("$PYTHON" -m r3_env.openrlhf.train
     --data.max_len "$MAX_LEN" --rollout.max_new_tokens 512
     --rollout.batch_size "$ROLLOUT_BATCH" --train.batch_size "$ROLLOUT_BATCH"
     --rollout.n_samples_per_prompt "$SAMPLES_PER_PROMPT"
-    --rollout.micro_batch_size 8 --train.micro_batch_size 4 --rollout.temperature 1.0
+    --rollout.micro_batch_size 8 --train.micro_batch_size 4 --rollout.temperature "$TEMPERATURE"
     --train.num_episodes "$EPISODES" --train.max_epochs 1
     --actor.adam.lr "$ACTOR_LR"
     "${algo_flags[@]}"

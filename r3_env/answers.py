@@ -95,6 +95,24 @@ def f1_score(prediction: str, golden_answers: str | Sequence[str]) -> float:
     return token_scores(prediction, golden_answers)["f1"]
 
 
+CORRECT_SCORE = 0.5  # a judge's correctness score at or above which an answer counts as right (ACC)
+
+
+def judged_correct(score: float) -> bool:
+    """Whether a correctness score (a judge's, or a match's 1.0) makes the answer right: one threshold for the
+    rollout's outcome, the cold start's kept samples, the reward server and evaluation's ACC."""
+    return score >= CORRECT_SCORE
+
+
+def settled_by_string(answer: str | None, golden_answers: Sequence[str]) -> tuple[str, bool | None]:
+    """The cleaned answer, and what a string settles before any judge is asked (free): wrong when empty, right when
+    it matches a gold answer as whole normalised words, None when only a judge can tell."""
+    prediction = clean_answer(answer or "")
+    if not prediction:
+        return prediction, False
+    return prediction, True if answer_matches(prediction, golden_answers) else None
+
+
 def answer_matches(prediction: str, golden_answers: str | Sequence[str]) -> bool:
     """Whether a gold answer occurs in the prediction as whole normalised words (EM included)."""
     prediction_tokens = normalize_answer(prediction).split()

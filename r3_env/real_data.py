@@ -22,6 +22,7 @@ import hashlib
 import itertools
 import json
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,8 @@ logger = logging.getLogger(__name__)
 
 SPLIT_SALT = "r3rag-split-v1"
 DATASETS = ("hotpotqa", "2wikimultihopqa", "musique")
+# the shared samples beside a checkout (../shared/data), for tests and benches; $R3RAG_SHARED_DATA points elsewhere
+SHARED_DATA = Path(os.environ.get("R3RAG_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 RECORD = "real_data.json"
 PASSAGE_ID_KEYS = ("supporting_passage_ids", "context_passage_ids")
 

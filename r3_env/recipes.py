@@ -1,4 +1,5 @@
-"""Recipes: one YAML file per method (``recipes/r3.yaml``, ``lws.yaml``, ``r2ag.yaml``), where its settings live.
+"""Recipes: one YAML file per method (``recipes/r3.yaml``, ``lws.yaml``, ``r2ag.yaml``) or per design measured on one
+(``r3_recall.yaml``), where its settings live.
 
 A recipe holds the agent's sections, which every rollout actor reads through ``$R3RAG_AGENT_CONFIG``
 (``env:``, ``reward:``, ``services:``, ``policy:``, the step format and its ``format_options`` included),
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from r3_env.tree import TreeConfig
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
-METHODS = ("r3", "lws", "r2ag")
+RECIPES = ("r3", "r3_recall", "lws", "r2ag")  # recipes/<name>.yaml
 AGENT_SECTIONS = ("env", "reward", "services", "policy")
 LAUNCH_SECTIONS = frozenset({"algo", "tree"})  # the recipe's other sections: launch scripts' and evaluation's
 CONFIG_ENV = "R3RAG_AGENT_CONFIG"  # the recipe (or a file of agent sections) the rollout actors read
@@ -45,7 +46,8 @@ OVERRIDES_ENV = "R3RAG_AGENT_OVERRIDES"  # JSON object of dotted keys over it, e
 class AlgoSection:
     """The RL algorithm and its budget on OpenRLHF; each field is one of launch/ppo_r3.sh's variables.
 
-    An empty or zero field leaves the variable to the launch script (its default for the algorithm).
+    An empty, zero or false field leaves the variable to the launch script (its default for the algorithm);
+    ``kl_coef`` is a string so that "0" (no KL term, no reference model) differs from unset.
     """
 
     name: Literal["", "ppo", "grpo", "reinforce++", "dapo"] = field(default="", metadata={"variable": "ALGO"})
@@ -55,24 +57,32 @@ class AlgoSection:
     samples_per_prompt: int = field(default=0, metadata={"variable": "SAMPLES_PER_PROMPT"})
     actor_lr: float = field(default=0.0, metadata={"variable": "ACTOR_LR"})
     top_p: float = field(default=0.0, metadata={"variable": "TOP_P"})
+    temperature: float = field(default=0.0, metadata={"variable": "TEMPERATURE"})  # of the rollouts
+    kl_coef: str = field(default="", metadata={"variable": "KL_COEF"})
+    dynamic_filtering: bool = field(default=False, metadata={"variable": "DYNAMIC_FILTERING"})
     max_len: int = field(default=0, metadata={"variable": "MAX_LEN"})
     episodes: int = field(default=0, metadata={"variable": "EPISODES"})
     steps: int = field(default=0, metadata={"variable": "STEPS"})  # at most this many training steps
     dynamic_filtering_range: str = field(default="", metadata={"variable": "DYNAMIC_FILTERING_RANGE"})
 
     def __post_init__(self) -> None:
-        numbers = ("rollout_batch", "samples_per_prompt", "actor_lr", "top_p", "max_len", "episodes", "steps")
-        for name in numbers:
+        numbers = ("rollout_batch", "samples_per_prompt", "actor_lr", "top_p", "temperature", "max_len", "episodes")
+        for name in (*numbers, "steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be 0 (the launch script's default) or more, got {getattr(self, name)}")
+        if self.kl_coef:
+            try:
+                valid = float(self.kl_coef) >= 0
+            except ValueError:
+                valid = False
+            if not valid:
+                raise ValueError(f"kl_coef must be a number of 0 or more ('0': no KL term), got {self.kl_coef!r}")
 
     def variables(self) -> dict[str, str]:
         """The launch variables this recipe sets, as the shell reads them."""
-        return {
-            item.metadata["variable"]: str(getattr(self, item.name))
-            for item in dataclasses.fields(self)
-            if getattr(self, item.name)
-        }
+        values = {item.metadata["variable"]: getattr(self, item.name) for item in dataclasses.fields(self)}
+        # a switch as the shell reads it: DYNAMIC_FILTERING=1
+        return {name: str(int(value) if isinstance(value, bool) else value) for name, value in values.items() if value}
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from r3_env.answers import answer_matches, clean_answer
+from r3_env.answers import settled_by_string
 from r3_env.http_retry import AsyncHTTP, RequestFailed, RetryPolicy, asend_with_retries, bearer_headers
 
 # The bearer token of the reward server, read by the server and this client alike.
@@ -107,11 +107,9 @@ async def check_answer(
     ``judge`` takes one ``/correctness`` item (a coalesced call to the reward server); without one a
     mismatch is simply wrong. An empty answer is wrong without asking anyone.
     """
-    prediction = clean_answer(answer or "")
-    if not prediction:
-        return Judgement(0.0, method="empty")
-    if answer_matches(prediction, golden_answers):
-        return Judgement(1.0, method="match")
+    prediction, settled = settled_by_string(answer, golden_answers)
+    if settled is not None:
+        return Judgement(float(settled), method="match" if settled else "empty")
     if judge is None:
         return Judgement(0.0, method="match")
     return await judge({"question": question, "prediction": prediction, "golden_answers": list(golden_answers)})

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from r3_env.answers import judged_correct
 from r3_env.data import Label, read_label
 from r3_env.env import RetrievalEnv, StepKind, StepRecord
 from r3_env.episode import ROLLOUT_OUTCOMES, Outcome, Trace, build_episode, classify
@@ -47,33 +48,37 @@ async def run_episode(
     shape :func:`r3_env.data.read_label` reads)."""
     parsed_label = read_label(label)
     question = ctx.question_of(prompt, parsed_label)
+    problem = ctx.label_problem(parsed_label)  # a label the scheme cannot score: played, then a neutral reward
     started = time.perf_counter()
-    failure = None
-    for attempt in range(ctx.config.services.episode_retries + 1):
+    failure: Exception | None = None
+    scored: tuple[Outcome, list[float], dict[str, Any]] | None = None
+    attempts = ctx.config.services.episode_retries + 1
+    for attempt in range(1, attempts + 1):
         env = RetrievalEnv(ctx.config.env, ctx.renderer, ctx.search, question, parsed_label.start_documents)
         traj = _Trajectory(getattr(sampling_params, "logprobs", None) is not None)
         try:
             traj.add_feedback(_prompt_tokens(ctx, await env.start(), max_length))
             await _generate_and_act(ctx, env, traj, engine, sampling_params, max_length)
-            problem = ctx.label_problem(parsed_label)
-            if problem is None:
-                outcome, step_rewards, info = await _score(ctx, env, traj, parsed_label)
+            scored = None if problem else await _score(ctx, env, traj, parsed_label)
             failure = None
             break
         except SERVICE_ERRORS as error:  # the whole episode again: its judgements are not worth keeping
             failure = error
             if not traj.tokens:  # the question's own retrieval failed: the flagged episode is its prompt
                 traj.add_feedback(_prompt_tokens(ctx, env.reset(), max_length))
-            logger.warning("episode attempt %d failed: %s", attempt + 1, error)
+            logger.warning("episode attempt %d failed: %s", attempt, error)
         finally:
             traj.discard_judging()
+    neutral = [0.0] * len(traj.action_ranges)
     if failure is not None:
         ctx.stats.service_failures += 1
-        logger.error("episode flagged with a neutral reward after %d attempts: %s", attempt + 1, failure)
-        outcome, step_rewards, info = Outcome.SERVICE_FAILURE, [0.0] * len(traj.action_ranges), {}
-    elif problem is not None:
+        logger.error("episode flagged with a neutral reward after %d attempts: %s", attempt, failure)
+        outcome, step_rewards, info = Outcome.SERVICE_FAILURE, neutral, {}
+    elif scored is None:
         logger.error("episode gets a neutral reward: %s (label %r)", problem, str(label)[:120])
-        outcome, step_rewards, info = Outcome.LABEL_PROBLEM, [0.0] * len(traj.action_ranges), {}
+        outcome, step_rewards, info = Outcome.LABEL_PROBLEM, neutral, {}
+    else:
+        outcome, step_rewards, info = scored
     if len(step_rewards) != len(traj.action_ranges):
         raise AssertionError(f"{len(step_rewards)} step rewards for {len(traj.action_ranges)} actions")
     wall = time.perf_counter() - started
@@ -265,7 +270,7 @@ async def _score(
     if env.answer is not None and scheme.needs_correctness:
         verdict = await check_answer(env.question, env.answer, label.golden_answers, ctx.correctness_batcher.submit)
     last = env.steps[-1].step if env.steps else None
-    outcome = classify(env.format_error, last, correct=verdict is not None and verdict.score >= 0.5)
+    outcome = classify(env.format_error, last, correct=verdict is not None and judged_correct(verdict.score))
     judged = await asyncio.gather(*(task for _, task in traj.judging))
     for (record, _), judgement in zip(traj.judging, judged, strict=True):
         record.relevance = min(1.0, max(0.0, judgement.score))

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from r3_env.answers import answer_matches, clean_answer
+from r3_env.answers import judged_correct, settled_by_string
 from r3_env.data import read_label
 from r3_env.episode import SCORED_OUTCOMES, Outcome, Trace, build_episode, classify
 from r3_env.protocol import ChatRenderer, FormatError, Step
@@ -54,18 +54,17 @@ async def correctness(judge: Judge, items: Sequence[CorrectnessItem], metrics: R
     verdicts: list[Verdict | None] = []
     ask: list[tuple[int, CorrectnessItem]] = []
     for index, item in enumerate(items):
-        prediction = clean_answer(item.prediction)
-        if not prediction:
-            verdicts.append(Verdict(False, "empty"))
-        elif answer_matches(prediction, item.golden_answers):
+        prediction, settled = settled_by_string(item.prediction, item.golden_answers)
+        if settled:
             metrics.match_answers.inc()
-            verdicts.append(Verdict(True, "match"))
+        if settled is not None:
+            verdicts.append(Verdict(settled, "match" if settled else "empty"))
         else:
             verdicts.append(None)
             ask.append((index, CorrectnessItem(item.question, prediction, item.golden_answers)))
     judged = await judge.correctness([item for _, item in ask]) if ask else []
     for (index, _), result in zip(ask, judged, strict=True):
-        verdicts[index] = Verdict(result.score >= 0.5, "fallback" if result.fallback else "judge", result)
+        verdicts[index] = Verdict(judged_correct(result.score), "fallback" if result.fallback else "judge", result)
     return verdicts  # type: ignore[return-value]
 
 

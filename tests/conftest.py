@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from demo.services import ServiceProcess, free_port  # noqa: F401  (tests start services as the demo does)
+from r3_env.real_data import DATASETS, SHARED_DATA
 from r3_env.train.model_factory import CHATML_TEMPLATE
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("R3RAG_SHARED_DATA", ROOT.parent / "shared" / "data"))
-SHARED_DATASETS = ("hotpotqa", "2wikimultihopqa", "musique")
+SHARED_DATASETS = DATASETS
 
 # Chat templates in the styles of real model families, for a locally trained byte-level BPE
 # (ChatML is the model factory's own).

@@ -468,7 +468,8 @@ def test_on_a_real_question_demo_every_arm_trains_and_is_evaluated_under_its_rl_
 
     from conftest import SHARED_DATA
 
-    from demo.run import REAL, Demo, DemoConfig
+    from demo.run import Demo, DemoConfig
+    from demo.settings import REAL
 
     if not SHARED_DATA.is_dir():
         pytest.skip(f"no shared data at {SHARED_DATA}: the real-question split needs it")

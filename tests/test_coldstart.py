@@ -381,3 +381,48 @@ def _step(row):
     from r3_env.protocol import Step
 
     return Step(row["analysis"], query=row.get("query"), answer=row.get("answer"))
+
+
+def test_rl_data_leaves_out_the_cold_starts_questions_and_samples_the_rest(tmp_path):
+    """`r3rag coldstart rl-data`: the rows the cold start did not ask, a seeded sample per dataset with their
+    metadata; the same command again writes nothing new, other settings are refused, bad flags name the field."""
+    for dataset in ("hotpotqa", "musique"):
+        rows = [
+            {"id": f"q{i}", "question": f"{dataset} question {i}?", "golden_answers": [f"a{i}"],
+             "metadata": {"supporting_passage_ids": [str(i)]}}
+            for i in range(10)
+        ]  # fmt: skip
+        (tmp_path / dataset).mkdir()
+        (tmp_path / dataset / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    asked = [("hotpotqa", "q1"), ("hotpotqa", "q2"), ("hotpotqa", "q2"), ("musique", "q9")]  # best-of-N: q2 twice
+    samples = tmp_path / "coldstart" / "samples.jsonl"
+    samples.parent.mkdir()
+    samples.write_text("".join(json.dumps({"dataset": d, "question_id": q, "sample": 0}) + "\n" for d, q in asked))
+    data = f"{tmp_path / 'hotpotqa' / 'train.jsonl'},{tmp_path / 'musique' / 'train.jsonl'}"
+    out = tmp_path / "rl.jsonl"
+    args = ("coldstart", "rl-data", "--data", data, "--exclude", str(samples), "--per_dataset", "5", "--out", str(out))
+
+    result = run_r3rag(*args)
+    assert result.returncode == 0, result.stderr[-2000:]
+    written = read_rows(out)
+    by_dataset = {d: [row for row in written if row["question"].startswith(d)] for d in ("hotpotqa", "musique")}
+    assert [len(rows) for rows in by_dataset.values()] == [5, 5]
+    left_out = {"hotpotqa question 1?", "hotpotqa question 2?", "musique question 9?"}
+    assert not left_out & {row["question"] for row in written}
+    ids = [int(row["id"][1:]) for row in by_dataset["hotpotqa"]]
+    assert ids == sorted(ids)  # the file's order
+    assert all(row["metadata"]["supporting_passage_ids"] == [row["id"][1:]] for row in written)
+    assert "hotpotqa" in result.stdout and "10 RL questions" in result.stdout
+    stats = {line.split()[0]: line.split()[1:] for line in result.stdout.splitlines()[1:3]}
+    assert stats == {"hotpotqa": ["10", "2", "5"], "musique": ["10", "1", "5"]}
+
+    assert run_r3rag(*args).returncode == 0 and read_rows(out) == written  # the same settings: nothing new
+    other_seed = run_r3rag(*args, "--seed", "1")
+    assert other_seed.returncode == 2 and "--out" in other_seed.stderr and read_rows(out) == written
+    everything = run_r3rag(*args[:-4], "--out", str(tmp_path / "all.jsonl"))  # no sample: all 17 left
+    assert everything.returncode == 0 and len(read_rows(tmp_path / "all.jsonl")) == 17
+
+    negative = run_r3rag(*args[:-2], "--per_dataset", "-1", "--out", str(tmp_path / "x.jsonl"))
+    assert negative.returncode == 2 and "per_dataset" in negative.stderr
+    not_samples = run_r3rag(*args[:4], "--exclude", data.split(",")[0], "--out", str(tmp_path / "y.jsonl"))
+    assert not_samples.returncode == 2 and "exclude" in not_samples.stderr and "question_id" in not_samples.stderr

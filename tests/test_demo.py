@@ -128,6 +128,10 @@ def test_a_rerun_resumes_without_repeating_work(demo):
     for name, text in before.items():
         assert (out / "eval" / name / "predictions.jsonl").read_text() == text, name
     assert (out / "train" / "metrics.jsonl").read_text() == metrics  # nothing was trained again
+    # the first run's stage times stay in the record beside the resume's, which took seconds
+    record = json.loads((out / "demo.json").read_text())
+    assert record["earlier_stages_s"] == [demo["record"]["stages_s"]] and record["stages_s"]["sft"] < 60
+    assert "resumed 1 earlier one(s)" in result.stdout
     other = run_r3rag("demo", "--model", "tiny-random", "--quick", "--seed", "1", "--out", str(out), timeout=120)
     assert other.returncode == 2 and "--overwrite" in other.stderr
 
@@ -208,7 +212,7 @@ def test_the_ppo_ablation_bench_trains_again_from_the_sft_policy_with_the_settin
 def test_the_default_demo_runs_its_whole_path_on_a_tiny_budget(tmp_path):
     """``r3rag demo`` as the README's first command runs it (SmolLM2, vLLM evaluations and rollouts, bf16
     autocast where the CPU has native bf16, critic-free PPO, the paired comparison), on ``--quick``'s budget."""
-    from demo.run import PRETRAINED
+    from demo.settings import PRETRAINED
 
     out = tmp_path / "default"
     flags = ("--quick", "--eval_engine", "vllm", "--rollout_engine", "vllm")
@@ -359,7 +363,8 @@ def test_the_untrained_policy_is_known_before_the_demo_ends(tmp_path):
 
 
 def test_lora_scales_a_pretrained_recipes_learning_rates_and_flags_override_them(tmp_path):
-    from demo.run import PRETRAINED, REAL, Demo, DemoConfig
+    from demo.run import Demo, DemoConfig
+    from demo.settings import PRETRAINED, REAL
 
     model = tmp_path / "m"
     model.mkdir()

@@ -15,10 +15,15 @@ from conftest import ROOT
 from test_openrlhf_plugin import launch_flags
 
 from r3_env.config import ConfigError, configs_from_args
-from r3_env.recipes import LAUNCH_SECTIONS, METHODS, agent_config_from_environment, load_recipe, main
+from r3_env.recipes import LAUNCH_SECTIONS, RECIPES, agent_config_from_environment, load_recipe, main
 
 # each recipe's launch script, and the variables it needs besides the recipe's
-LAUNCH = {"r3": ("ppo_r3.sh", {}), "lws": ("dapo_lws.sh", {}), "r2ag": ("dapo_r2ag.sh", {"PROMPT_DATA": "p.jsonl"})}
+LAUNCH = {
+    "r3": ("ppo_r3.sh", {}),
+    "r3_recall": ("ppo_r3.sh", {"RECIPE": "r3_recall"}),
+    "lws": ("dapo_lws.sh", {}),
+    "r2ag": ("dapo_r2ag.sh", {"PROMPT_DATA": "p.jsonl"}),
+}
 ESTIMATORS = {"ppo": "gae", "grpo": "group_norm", "reinforce++": "reinforce_baseline", "dapo": "group_norm"}
 
 
@@ -36,8 +41,8 @@ def flag_values(flags: list[str]) -> dict[str, list[str]]:
 
 
 def test_every_method_has_a_recipe_that_loads():
-    assert sorted(path.stem for path in (ROOT / "recipes").glob("*.yaml")) == sorted(METHODS)
-    for name in METHODS:
+    assert sorted(path.stem for path in (ROOT / "recipes").glob("*.yaml")) == sorted(RECIPES)
+    for name in RECIPES:
         recipe = load_recipe(name)
         assert recipe.path == ROOT / "recipes" / f"{name}.yaml" and recipe.name == name
         assert load_recipe(recipe.path) == recipe  # by name or by path
@@ -45,7 +50,7 @@ def test_every_method_has_a_recipe_that_loads():
     assert (load_recipe("r2ag").tree is None, load_recipe("r3").tree, load_recipe("lws").tree) == (False, None, None)
 
 
-@pytest.mark.parametrize("name", METHODS)
+@pytest.mark.parametrize("name", RECIPES)
 def test_the_launch_dry_run_runs_the_recipe(name, monkeypatch):
     recipe = load_recipe(name)
     script, env = LAUNCH[name]
@@ -68,6 +73,12 @@ def test_the_launch_dry_run_runs_the_recipe(name, monkeypatch):
         assert values["data.label_key"] == [algo.label_key]
     if algo.dynamic_filtering_range:
         assert values["algo.dynamic_filtering_range"] == algo.dynamic_filtering_range.split()
+    if algo.dynamic_filtering:
+        assert values["algo.dynamic_filtering_enable"] == []
+    if algo.temperature:
+        assert float(values["rollout.temperature"][0]) == algo.temperature
+    if algo.kl_coef:
+        assert float(values["algo.kl.init_coef"][0]) == float(algo.kl_coef)
     assert values["ckpt.output_dir"][0].startswith(f"checkpoints/{name}-")
     # the agent in every rollout actor reads the recipe, with the script's overrides over it
     (overrides,) = shlex.split(variables["R3RAG_AGENT_OVERRIDES"])
@@ -84,8 +95,8 @@ def test_the_launch_dry_run_runs_the_recipe(name, monkeypatch):
 
 @pytest.mark.parametrize("name", ["r3", "lws"])
 def test_the_demo_trains_the_recipe(name, tmp_path):
-    from demo.run import METHODS as DEMO_METHODS
     from demo.run import Demo, DemoConfig
+    from demo.settings import METHODS as DEMO_METHODS
 
     recipe = load_recipe(name).rollout_config()
     method = DEMO_METHODS[name]
@@ -228,9 +239,28 @@ def test_the_launch_helper_prints_settings_for_the_shell():
 
 def test_the_launch_scripts_hold_no_recipe_setting():
     """The RL scripts map variables to flags; a recipe's model or file written in one is a second copy."""
-    settings = {f"configs/{name}.yaml" for name in METHODS} | {load_recipe(name).algo.model for name in METHODS}
+    settings = {f"configs/{name}.yaml" for name in RECIPES} | {load_recipe(name).algo.model for name in RECIPES}
     for script in [ROOT / "launch" / "ppo_r3.sh", *(ROOT / "launch").glob("dapo_*.sh"), ROOT / "launch" / "grpo_r3.sh"]:
         code = [line for line in script.read_text().splitlines() if not line.lstrip().startswith("#")]
         for line in code:
             assert not any(setting in line for setting in settings), f"{script.name}: {line}"
             assert "configs/" not in line or "reward_cpu" in line, f"{script.name}: {line}"
+
+
+def test_the_real_question_demo_trains_r3_recall_as_measured():
+    """REAL.rl is recipes/r3_recall.yaml's rules, reward and algorithm plus the local trainer's own levers: the
+    --set list of the measured runs (docs/results.md, "Each search with the question's words"), so an edit to
+    either file that changes the measured design fails here."""
+    from demo.settings import REAL
+
+    measured = {
+        "model.lora_rank": 0, "model.trainable_layers": 8, "ppo.actor_lr": 2e-5, "ppo.init_kl_coef": 0.0,
+        "ppo.estimator": "group_norm", "ppo.filter_groups": True, "ppo.train_batch_size": 4, "ppo.critic_warmup": 0,
+        "ppo.temperature": 0.7, "reward.scheme": "r3_gold", "reward.placement": "scalar",
+        "reward.options": {"no_answer_scale": 0.0, "correct_scale": 4.0, "wrong_scale": 2.0},
+        "ppo.ptx_select": "failed", "ppo.ptx_coef": 1.0, "sft.lr": 5e-5, "ppo.prompt_filter": "missing_gold",
+        "env.stop_after_action": True, "env.query_with_question": True,
+    }  # fmt: skip
+    assert REAL.rl == measured and REAL.question_docs == 4
+    recall = load_recipe("r3_recall")
+    assert recall.algo.label_key == "metadata"  # r3_gold's gold passages on the cluster path

@@ -1,4 +1,4 @@
-"""``r3rag coldstart synth`` (Algorithm 1) and ``r3rag coldstart sft-data`` (Algorithm 2)."""
+"""``r3rag coldstart synth`` (Algorithm 1), ``sft-data`` (Algorithm 2) and ``rl-data`` (RL's questions)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from r3_env.config import add_config_command, configs_from_args
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    from r3_env.coldstart.rl_data import RLDataConfig
     from r3_env.coldstart.sft_data import SFTDataConfig
     from r3_env.coldstart.synth import SECTIONS
 
@@ -33,6 +34,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="Algorithm 2: trajectories as SFT data for OpenRLHF's SFT trainer",
         description="Renders each correct trajectory as chat messages (the RL transcript, loss on the steps) "
         "or one example per step, and prints the OpenRLHF flags that read them.",
+    )
+    add_config_command(
+        actions,
+        "rl-data",
+        [("", RLDataConfig)],
+        run_rl_data,
+        help="RL's questions: dataset rows the cold start did not ask, a seeded sample per dataset",
+        description="Writes the FlashRAG rows of --data whose questions the --exclude files (the cold start's "
+        "samples.jsonl) did not ask, --per_dataset of each, to --out: launch/ppo_r3.sh's PROMPT_DATA.",
     )
 
 
@@ -61,4 +71,12 @@ def run_sft_data(args: argparse.Namespace) -> int:
 
     [config] = configs_from_args(args, [("", SFTDataConfig)])
     print(format_stats(build_sft_data(config)))
+    return 0
+
+
+def run_rl_data(args: argparse.Namespace) -> int:
+    from r3_env.coldstart.rl_data import RLDataConfig, build_rl_data, format_stats
+
+    [config] = configs_from_args(args, [("", RLDataConfig)])
+    print(format_stats(build_rl_data(config), config.out))
     return 0

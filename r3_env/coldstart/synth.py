@@ -29,6 +29,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from r3_env.answers import judged_correct
 from r3_env.batching import BatchedSearch, Coalescer
 from r3_env.chat_client import ChatReply
 from r3_env.coldstart.teacher import Teacher, TeacherConfig, TeacherError, TeacherRequest, make_teacher
@@ -184,7 +185,7 @@ class Synthesizer:
             judge = self._judge.submit if self._judge is not None else None
             verdict = await check_answer(item.question, env.answer, item.golden_answers, judge)
         last = env.steps[-1].step if env.steps else None
-        outcome = classify(env.format_error, last, correct=verdict is not None and verdict.score >= 0.5)
+        outcome = classify(env.format_error, last, correct=verdict is not None and judged_correct(verdict.score))
         return {
             "id": f"{question.key}#{index}",
             "question_id": item.id,

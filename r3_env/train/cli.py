@@ -39,12 +39,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_local(args: argparse.Namespace) -> int:
-    import logging
-
     from r3_env.train.config import SECTIONS
     from r3_env.train.local import LocalTrainConfig, train_local
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = LocalTrainConfig.from_sections(*configs_from_args(args, SECTIONS))
     results = train_local(config)
     for stage, folder in results.items():

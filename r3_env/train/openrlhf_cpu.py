@@ -36,10 +36,6 @@ def _installed(name: str) -> bool:
     return spec is not None and spec.origin is not None and STANDINS not in Path(spec.origin).parents
 
 
-def vllm_installed() -> bool:
-    return _installed("vllm")
-
-
 def enable() -> list[str]:
     """Make OpenRLHF's trainer modules importable here; returns the packages stood in for."""
     missing = [name for name in ("flash_attn", "vllm") if not _installed(name)]

@@ -95,8 +95,10 @@ def openrlhf_args(ppo: PPOConfig, placement: str) -> SimpleNamespace:
     Everything else keeps OpenRLHF's parser default (no length penalties, no dynamic batching,
     no train/rollout mismatch correction); tests compare this with OpenRLHF's own parser.
     """
-    if placement == "step" and ppo.estimator not in ("gae", "reinforce"):
-        raise ValueError(f"per-step rewards need estimator gae or reinforce, not {ppo.estimator!r}")
+    from r3_env.openrlhf.step_rewards import STEP_ESTIMATORS
+
+    if placement == "step" and ppo.estimator not in STEP_ESTIMATORS:
+        raise ValueError(f"per-step rewards need estimator {' or '.join(STEP_ESTIMATORS)}, not {ppo.estimator!r}")
     return SimpleNamespace(
         algo=SimpleNamespace(
             advantage=SimpleNamespace(
