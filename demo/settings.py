@@ -37,6 +37,30 @@ class Costs:
     sft_keep: float  # the share of cold-start questions the teacher keeps (the SFT examples before they exist)
 
 
+# The local trainer's settings for a recipe's RL algorithm (algo.name; launch/ppo_r3.sh's flags on OpenRLHF).
+LOCAL_ALGOS: dict[str, dict[str, Any]] = {
+    "ppo": {},  # GAE and a critic, the local trainer's defaults
+    "grpo": {"estimator": "group_norm"},  # group-normalised advantages, no critic
+    "dapo": {"estimator": "group_norm", "eps_clip_high": 0.28},  # group-normalised advantages, clip-higher
+}
+
+
+def recipe_design(name: str) -> dict[str, Any]:
+    """A recipe's RL design as the local trainer's dotted settings: its step rules (the question's documents are
+    the cold start's too: ``ModelRecipe.question_docs``), its reward, and its algorithm's estimator, rollout
+    temperature and KL where it sets them. The cluster path runs the same file (``RECIPE=NAME launch/ppo_r3.sh``)."""
+    recipe = load_recipe(name)
+    algo = recipe.algo
+    design = {key: recipe.get(key) for key in ("env.stop_after_action", "env.query_with_question")}
+    design |= {key: recipe.get(key) for key in ("reward.scheme", "reward.placement", "reward.options")}
+    design |= {f"ppo.{key}": value for key, value in LOCAL_ALGOS[algo.name].items()}
+    if algo.temperature:
+        design["ppo.temperature"] = algo.temperature
+    if algo.kl_coef:
+        design["ppo.init_kl_coef"] = float(algo.kl_coef)
+    return design
+
+
 @dataclass(frozen=True)
 class ModelRecipe:
     """How the demo trains one kind of policy: its budgets (full and ``--quick``), model and optimiser settings,
@@ -54,13 +78,20 @@ class ModelRecipe:
     model: dict[str, Any] = field(default_factory=dict)  # r3rag train local's model settings
     lora_rank: int = 0  # SFT through LoRA adapters of this rank (0: full fine-tuning); --lora_rank -1 takes it
     question_docs: int = 0  # env.question_docs, in cold start, RL and evaluation; --question_docs -1 takes it
-    # dotted r3rag train local settings of the RL stage over the SFT's (as `--set` gives them), env.* ones in
-    # evaluation too: empty, RL continues the SFT run's settings; else RL is a run of its own from the SFT policy
-    rl: dict[str, Any] = field(default_factory=dict)
+    # RL's own settings, dotted r3rag train local keys over the SFT run's (env.* ones in evaluation too): a recipe's
+    # design (recipes/<rl_design>.yaml, read when asked for, so a broken file breaks only this demo) and the local
+    # trainer's own levers over it. None: RL continues the SFT run's settings; else RL is a run of its own.
+    rl_design: str = ""
+    rl_levers: dict[str, Any] = field(default_factory=dict)
     # SFT and actor learning rates are multiplied by this when the policy trains through LoRA adapters
     # (--lora_rank): adapters start at zero and need about ten times full fine-tuning's rate
     # (Schulman et al., "LoRA Without Regret", 2025); a tiny random model is never trained that way.
     lora_lr_scale: float = 1.0
+
+    @property
+    def rl(self) -> dict[str, Any]:
+        """The RL stage's settings: the design's, then the levers."""
+        return {**(recipe_design(self.rl_design) if self.rl_design else {}), **self.rl_levers}
 
 
 TINY = ModelRecipe(
@@ -145,30 +176,6 @@ PRETRAINED = ModelRecipe(
     ),
     lora_lr_scale=10.0,
 )
-# The local trainer's settings for a recipe's RL algorithm (algo.name; launch/ppo_r3.sh's flags on OpenRLHF).
-LOCAL_ALGOS: dict[str, dict[str, Any]] = {
-    "ppo": {},  # GAE and a critic, the local trainer's defaults
-    "grpo": {"estimator": "group_norm"},  # group-normalised advantages, no critic
-    "dapo": {"estimator": "group_norm", "eps_clip_high": 0.28},  # group-normalised advantages, clip-higher
-}
-
-
-def recipe_design(name: str) -> dict[str, Any]:
-    """A recipe's RL design as the local trainer's dotted settings: its episode rules beyond the question's documents
-    (which the cold start shares: ``ModelRecipe.question_docs``), its reward, and its algorithm's estimator,
-    filtering, temperature and KL. The cluster path runs the same file (``RECIPE=NAME launch/ppo_r3.sh``)."""
-    recipe = load_recipe(name)
-    algo = recipe.algo
-    return {
-        **{key: recipe.get(key) for key in ("env.stop_after_action", "env.query_with_question")},
-        **{key: recipe.get(key) for key in ("reward.scheme", "reward.placement", "reward.options")},
-        **{f"ppo.{key}": value for key, value in LOCAL_ALGOS[algo.name].items()},
-        "ppo.filter_groups": algo.dynamic_filtering,
-        "ppo.temperature": algo.temperature,
-        "ppo.init_kl_coef": float(algo.kl_coef),
-    }
-
-
 # A pre-trained model on real questions (--data): every train question the evidence teacher keeps, and every
 # question of the eval part (eval_questions 0; --eval_questions N: the first N per dataset).
 REAL = ModelRecipe(
@@ -210,18 +217,21 @@ REAL = ModelRecipe(
     # The start every real-question RL design was measured from (docs/results.md#real-questions): one epoch of
     # SFT through rank-16 adapters, with the question's own four documents shown before the first step.
     lora_rank=16,
-    question_docs=load_recipe("r3_recall").get("env.question_docs"),
+    question_docs=4,  # recipes/r3_recall.yaml's env.question_docs (tests/test_recipes.py checks they agree)
     # The design that raised Full-Recall over SFT with a CI above 0 over three seeds, and was not below single-shot
     # BM25 at the same documents on any dataset (HotpotQA a tie) (docs/results.md, "Each search with the question's
-    # words"). Its episode rules, reward and algorithm are recipes/r3_recall.yaml's, each with its reason there.
-    # Below, the local trainer's own levers, each with the results section that gave its reason:
-    rl={
-        **recipe_design("r3_recall"),
+    # words"). Its step rules, reward and algorithm are recipes/r3_recall.yaml's, each with its reason there.
+    rl_design="r3_recall",
+    # The local trainer's own levers over it, each with the results section that gave its reason:
+    rl_levers={
         # the last 8 layers, no reference model: more episodes per second ("More episodes per second")
         "model.lora_rank": 0,
         "model.trainable_layers": 8,
         "ppo.actor_lr": 2e-5,
-        # 4 actor steps per batch of 4 questions x 4 samples, no critic to warm up ("Four actor steps per batch")
+        # groups whose rewards all tie dropped (they carry no advantage), 4 actor steps per batch of 4 questions
+        # x 4 samples, no critic to warm up ("From a start with more SFT, with group baselines"; "Four actor steps
+        # per batch")
+        "ppo.filter_groups": True,
         "ppo.train_batch_size": 4,
         "ppo.critic_warmup": 0,
         # the cold start's transcripts of the questions whose samples all failed, in the RL step ("Guidance

@@ -92,12 +92,12 @@ async def run_sweep(
                 run_env = dataclasses.replace(env, topk=k, max_steps=sweep.max_steps)
                 logger.info("sweep: %s", run_name)
                 stats = await run_eval(run_config, run_env, engine_config, generation, source, engine=engine)
-                logger.info("%s", format_stats(stats, run_config.out))
+                print(format_stats(stats, run_config.out))
                 failed += stats.failed
-                logger.info("%s", format_scores(await score_run(ScoreConfig(run=run_config.out), judge)))
+                print(format_scores(await score_run(ScoreConfig(run=run_config.out), judge)))
     finally:
         if owned:
             await engine.aclose()
     for path in write_report(root).values():
-        logger.info("report: %s", path)
+        print(path)
     return 1 if failed else 0

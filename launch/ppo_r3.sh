@@ -93,7 +93,7 @@ if ! r3_env_dir="$("$PYTHON" -c 'import importlib.util as u; print(u.find_spec("
 fi
 # The recipe's settings (recipe_path, recipe_name, recipe_<VARIABLE>), read by r3_env.recipes.
 if [[ -n "${AGENT_CONFIG:-}" ]]; then
-    echo "AGENT_CONFIG is no longer read: the agent's settings come from the recipe (RECIPE=r3, lws, r2ag or a" \
+    echo "AGENT_CONFIG is no longer read: the agent's settings come from the recipe (RECIPE=r3, r3_recall, lws, r2ag or a" \
         "recipe file; see recipes/)" >&2
     exit 2
 fi

@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -71,11 +72,7 @@ class AlgoSection:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be 0 (the launch script's default) or more, got {getattr(self, name)}")
         if self.kl_coef:
-            try:
-                valid = float(self.kl_coef) >= 0
-            except ValueError:
-                valid = False
-            if not valid:
+            if not re.fullmatch(r"(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?", self.kl_coef):  # as the shell reads it
                 raise ValueError(f"kl_coef must be a number of 0 or more ('0': no KL term), got {self.kl_coef!r}")
 
     def variables(self) -> dict[str, str]:

@@ -414,7 +414,16 @@ def test_rl_data_leaves_out_the_cold_starts_questions_and_samples_the_rest(tmp_p
     assert all(row["metadata"]["supporting_passage_ids"] == [row["id"][1:]] for row in written)
     assert "hotpotqa" in result.stdout and "10 RL questions" in result.stdout
     stats = {line.split()[0]: line.split()[1:] for line in result.stdout.splitlines()[1:3]}
-    assert stats == {"hotpotqa": ["10", "2", "5"], "musique": ["10", "1", "5"]}
+    assert stats == {"hotpotqa": ["10", "2", "5", "5"], "musique": ["10", "1", "5", "5"]}
+    # the label OpenRLHF hands the agent (one field, LABEL_KEY=label) holds the answers and the gold passages
+    from openrlhf.datasets.prompts_dataset import preprocess_data
+
+    from r3_env.data import read_label
+
+    prompt, label = preprocess_data(written[0], input_key="question", label_key="label")
+    parsed = read_label(label)
+    assert prompt == written[0]["question"] and parsed.question == prompt
+    assert parsed.golden_answers == written[0]["golden_answers"] and parsed.gold_ids == [written[0]["id"][1:]]
 
     assert run_r3rag(*args).returncode == 0 and read_rows(out) == written  # the same settings: nothing new
     other_seed = run_r3rag(*args, "--seed", "1")
@@ -426,3 +435,11 @@ def test_rl_data_leaves_out_the_cold_starts_questions_and_samples_the_rest(tmp_p
     assert negative.returncode == 2 and "per_dataset" in negative.stderr
     not_samples = run_r3rag(*args[:4], "--exclude", data.split(",")[0], "--out", str(tmp_path / "y.jsonl"))
     assert not_samples.returncode == 2 and "exclude" in not_samples.stderr and "question_id" in not_samples.stderr
+    folder = run_r3rag(*args[:-2], "--out", str(tmp_path))
+    assert folder.returncode == 2 and "is a folder" in folder.stderr
+    everything_asked = tmp_path / "asked.jsonl"
+    everything_asked.write_text("".join(json.dumps({"dataset": "musique", "question_id": f"q{i}"}) + "\n"
+                                        for i in range(10)))  # fmt: skip
+    none_left = run_r3rag("coldstart", "rl-data", "--data", data.split(",")[1], "--exclude", str(everything_asked),
+                          "--out", str(tmp_path / "z.jsonl"))  # fmt: skip
+    assert none_left.returncode == 2 and "none is left" in none_left.stderr

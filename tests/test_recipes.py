@@ -261,6 +261,9 @@ def test_the_real_question_demo_trains_r3_recall_as_measured():
         "ppo.ptx_select": "failed", "ppo.ptx_coef": 1.0, "sft.lr": 5e-5, "ppo.prompt_filter": "missing_gold",
         "env.stop_after_action": True, "env.query_with_question": True,
     }  # fmt: skip
-    assert REAL.rl == measured and REAL.question_docs == 4
+    typed = {key: (value, type(value)) for key, value in measured.items()}
+    assert {key: (value, type(value)) for key, value in REAL.rl.items()} == typed
     recall = load_recipe("r3_recall")
-    assert recall.algo.label_key == "metadata"  # r3_gold's gold passages on the cluster path
+    assert REAL.question_docs == recall.get("env.question_docs") == 4  # the cold start's rule too, so the demo's
+    # on the cluster path: r3_gold's answers and gold passages in one field, as r3rag coldstart rl-data writes it
+    assert recall.algo.label_key == "label" and not recall.algo.dynamic_filtering
