@@ -80,7 +80,7 @@ class ModelRecipe:
     question_docs: int = 0  # env.question_docs, in cold start, RL and evaluation; --question_docs -1 takes it
     # RL's own settings, dotted r3rag train local keys over the SFT run's (env.* ones in evaluation too): a recipe's
     # design (recipes/<rl_design>.yaml, read when asked for, so a broken file breaks only this demo) and the local
-    # trainer's own levers over it. None: RL continues the SFT run's settings; else RL is a run of its own.
+    # trainer's own levers over it. Neither: RL continues the SFT run's settings; else RL is a run of its own.
     rl_design: str = ""
     rl_levers: dict[str, Any] = field(default_factory=dict)
     # SFT and actor learning rates are multiplied by this when the policy trains through LoRA adapters
