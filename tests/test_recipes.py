@@ -267,3 +267,16 @@ def test_the_real_question_demo_trains_r3_recall_as_measured():
     assert REAL.question_docs == recall.get("env.question_docs") == 4  # the cold start's rule too, so the demo's
     # on the cluster path: r3_gold's answers and gold passages in one field, as r3rag coldstart rl-data writes it
     assert recall.algo.label_key == "label" and not recall.algo.dynamic_filtering
+
+
+def test_a_recipes_kl_coefficient_is_a_number_as_the_launch_script_reads_it():
+    """kl_coef is a string so that "0" (no KL term, no reference model) differs from unset; ppo_r3.sh's
+    require_number would refuse anything else later, on the cluster."""
+    from r3_env.recipes import AlgoSection
+
+    assert AlgoSection(kl_coef="0").variables() == {"KL_COEF": "0"} and AlgoSection().variables() == {}
+    switched = AlgoSection(kl_coef="1e-3", dynamic_filtering=True)
+    assert switched.variables() == {"KL_COEF": "1e-3", "DYNAMIC_FILTERING": "1"}
+    for bad in ("inf", " 0.1", "-0.1", "x"):
+        with pytest.raises(ValueError, match="kl_coef"):
+            AlgoSection(kl_coef=bad)

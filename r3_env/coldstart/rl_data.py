@@ -63,7 +63,7 @@ def labelled(question: Question) -> dict[str, Any]:
     item = question.item
     if "label" in item.extra:
         raise ValueError(f"data: {question.key} has a field 'label' already; rl-data writes its own there")
-    label = {"question": item.question, "golden_answers": list(item.golden_answers), **item.metadata}
+    label = {**item.metadata, "question": item.question, "golden_answers": list(item.golden_answers)}  # the row's own
     return {**item.to_json(), "label": label}
 
 
