@@ -50,9 +50,14 @@ def recipe_design(name: str) -> dict[str, Any]:
     the cold start's too: ``ModelRecipe.question_docs``), its reward, and its algorithm's estimator, rollout
     temperature and KL where it sets them. The cluster path runs the same file (``RECIPE=NAME launch/ppo_r3.sh``)."""
     recipe = load_recipe(name)
-    algo = recipe.algo
-    design = {key: recipe.get(key) for key in ("env.stop_after_action", "env.query_with_question")}
-    design |= {key: recipe.get(key) for key in ("reward.scheme", "reward.placement", "reward.options")}
+    algo, agent = recipe.algo, recipe.rollout_config()  # the agent's sections, built once
+    design = {
+        "env.stop_after_action": agent.env.stop_after_action,
+        "env.query_with_question": agent.env.query_with_question,
+        "reward.scheme": agent.reward.scheme,
+        "reward.placement": agent.reward.placement,
+        "reward.options": dict(agent.reward.options),
+    }
     design |= {f"ppo.{key}": value for key, value in LOCAL_ALGOS[algo.name].items()}
     if algo.temperature:
         design["ppo.temperature"] = algo.temperature

@@ -67,13 +67,14 @@ class AlgoSection:
     dynamic_filtering_range: str = field(default="", metadata={"variable": "DYNAMIC_FILTERING_RANGE"})
 
     def __post_init__(self) -> None:
-        numbers = ("rollout_batch", "samples_per_prompt", "actor_lr", "top_p", "temperature", "max_len", "episodes")
-        for name in (*numbers, "steps"):
+        numbers = ("rollout_batch", "samples_per_prompt", "actor_lr", "top_p", "temperature", "max_len", "episodes",
+                   "steps")  # fmt: skip
+        for name in numbers:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be 0 (the launch script's default) or more, got {getattr(self, name)}")
-        if self.kl_coef:
-            if not re.fullmatch(r"(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?", self.kl_coef):  # as the shell reads it
-                raise ValueError(f"kl_coef must be a number of 0 or more ('0': no KL term), got {self.kl_coef!r}")
+        # as the launch script's require_number reads it
+        if self.kl_coef and not re.fullmatch(r"(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?", self.kl_coef):
+            raise ValueError(f"kl_coef must be a number of 0 or more ('0': no KL term), got {self.kl_coef!r}")
 
     def variables(self) -> dict[str, str]:
         """The launch variables this recipe sets, as the shell reads them."""
