@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from r3_env.recipes import load_recipe
+from r3_env.train.config import algo_settings
 
 
 @dataclass(frozen=True)
@@ -37,20 +38,13 @@ class Costs:
     sft_keep: float  # the share of cold-start questions the teacher keeps (the SFT examples before they exist)
 
 
-# The local trainer's settings for a recipe's RL algorithm (algo.name; launch/ppo_r3.sh's flags on OpenRLHF).
-LOCAL_ALGOS: dict[str, dict[str, Any]] = {
-    "ppo": {},  # GAE and a critic, the local trainer's defaults
-    "grpo": {"estimator": "group_norm"},  # group-normalised advantages, no critic
-    "dapo": {"estimator": "group_norm", "eps_clip_high": 0.28},  # group-normalised advantages, clip-higher
-}
-
-
 def recipe_design(name: str) -> dict[str, Any]:
     """A recipe's RL design as the local trainer's dotted settings: its step rules (the question's documents are
     the cold start's too: ``ModelRecipe.question_docs``), its reward, and its algorithm's estimator, rollout
-    temperature and KL where it sets them. The cluster path runs the same file (``RECIPE=NAME launch/ppo_r3.sh``)."""
+    temperature and KL where it sets them (not its cluster budget). The cluster path runs the same file
+    (``RECIPE=NAME launch/ppo_r3.sh``); ``r3rag train local --recipe NAME`` takes all of its agent sections."""
     recipe = load_recipe(name)
-    algo, agent = recipe.algo, recipe.rollout_config()  # the agent's sections, built once
+    agent = recipe.rollout_config()  # the agent's sections, built once
     design = {
         "env.stop_after_action": agent.env.stop_after_action,
         "env.query_with_question": agent.env.query_with_question,
@@ -58,12 +52,7 @@ def recipe_design(name: str) -> dict[str, Any]:
         "reward.placement": agent.reward.placement,
         "reward.options": dict(agent.reward.options),
     }
-    design |= {f"ppo.{key}": value for key, value in LOCAL_ALGOS[algo.name].items()}
-    if algo.temperature:
-        design["ppo.temperature"] = algo.temperature
-    if algo.kl_coef:
-        design["ppo.init_kl_coef"] = float(algo.kl_coef)
-    return design
+    return design | {f"ppo.{key}": value for key, value in algo_settings(recipe.algo).items()}
 
 
 @dataclass(frozen=True)
@@ -258,7 +247,7 @@ class Method:
     demo's own trainer settings on top of it."""
 
     recipe: str
-    ppo: dict[str, Any]  # the local trainer's settings over the recipe algorithm's (LOCAL_ALGOS)
+    ppo: dict[str, Any]  # the local trainer's settings over the recipe algorithm's (algo_settings)
     title: str  # the RL stage, as the demo logs it
     stage_switch: float | None = None  # share of the PPO iterations after which a staged reward's stage 2 starts
     # also evaluate the RL policy answering without retrieval, for the report's answer categories
@@ -281,7 +270,7 @@ class Method:
     @property
     def trainer_ppo(self) -> dict[str, Any]:
         """The local trainer's ppo settings: the recipe's algorithm, then the demo's own."""
-        return {**LOCAL_ALGOS[load_recipe(self.recipe).algo.name], **self.ppo}
+        return {**algo_settings(load_recipe(self.recipe).algo), **self.ppo}
 
 
 METHODS = {

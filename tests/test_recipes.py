@@ -280,3 +280,41 @@ def test_a_recipes_kl_coefficient_is_a_number_as_the_launch_script_reads_it():
     for bad in ("inf", " 0.1", "-0.1", "x"):
         with pytest.raises(ValueError, match="kl_coef"):
             AlgoSection(kl_coef=bad)
+
+
+def train_local_settings(*argv: str):
+    """``r3rag train local ARGV``'s resolved settings, parsed as the command line parses them."""
+    from r3_env.cli import build_parser
+    from r3_env.train.cli import local_config
+
+    return local_config(build_parser().parse_args(["train", "local", "--model.policy", "p", *argv]))
+
+
+def test_train_local_runs_a_recipe_under_its_config_and_flags(tmp_path):
+    """--recipe takes the recipe's agent sections as written and its algorithm's design (not its cluster budget);
+    --config goes over it setting by setting, and flags over both."""
+    recall = load_recipe("r3_recall")
+    config = train_local_settings("--recipe", "r3_recall")
+    assert config.rollout == recall.rollout_config()
+    ppo = config.ppo
+    assert (ppo.estimator, ppo.temperature, ppo.init_kl_coef) == ("group_norm", 0.7, 0.0)
+    assert ppo.actor_lr == 2e-5 != recall.algo.actor_lr and ppo.rollout_batch_size == 16  # the local defaults
+    lws = train_local_settings("--recipe", "lws")
+    assert (lws.ppo.estimator, lws.ppo.eps_clip_high, lws.rollout.reward.scheme) == ("group_norm", 0.28, "lws")
+    assert train_local_settings("--recipe", "r3").ppo.estimator == "gae"
+
+    config_file = tmp_path / "train.yaml"
+    config_file.write_text("env:\n  max_step_tokens: 128\nppo:\n  temperature: 0.9\n  n_samples_per_prompt: 4\n")
+    config = train_local_settings("--recipe", "r3_recall", "--config", str(config_file), "--ppo.temperature", "1.0")
+    assert (config.rollout.env.max_step_tokens, config.rollout.env.question_docs) == (128, 4)
+    assert (config.ppo.temperature, config.ppo.n_samples_per_prompt, config.ppo.estimator) == (1.0, 4, "group_norm")
+
+
+def test_train_local_refuses_a_recipe_as_config_and_an_algorithm_it_cannot_run(tmp_path):
+    with pytest.raises(ConfigError, match="is a recipe .* give it as --recipe"):
+        train_local_settings("--config", str(ROOT / "recipes" / "lws.yaml"))
+    recipe = tmp_path / "frugal.yaml"
+    recipe.write_text((ROOT / "recipes" / "r3.yaml").read_text().replace("name: ppo ", "name: reinforce++ "))
+    assert load_recipe(recipe).algo.name == "reinforce++"
+    with pytest.raises(ConfigError, match="algo.name 'reinforce\\+\\+' has no local estimator.*ppo.estimator"):
+        train_local_settings("--recipe", str(recipe))

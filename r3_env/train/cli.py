@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from r3_env.config import add_config_command, add_dataclass_arguments, build_config, configs_from_args
+
+if TYPE_CHECKING:
+    from r3_env.train.local import LocalTrainConfig
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -23,6 +27,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "env:/reward:/services:/policy: sections (the retrieval and reward services must be running). Writes "
         "config.json, metrics.jsonl, tensorboard/, sft/policy, ppo/policy, ppo/health.jsonl (health warnings) and "
         "ppo/best_policy (best dev reward, with --ppo.eval_prompts) into --out; rerun to resume.",
+    ).add_argument(
+        "--recipe",
+        help="a recipe (r3, r3_recall, lws, r2ag: recipes/NAME.yaml) or its file: its agent sections and its "
+        "algorithm's estimator, clip, temperature, top-p and KL; not its cluster budget. --config and flags go over it",
     )
     from r3_env.train.model_factory import TinyModelConfig
 
@@ -38,11 +46,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     model.set_defaults(func=run_model)
 
 
-def run_local(args: argparse.Namespace) -> int:
-    from r3_env.train.config import SECTIONS
-    from r3_env.train.local import LocalTrainConfig, train_local
+def local_config(args: argparse.Namespace) -> LocalTrainConfig:
+    """``r3rag train local``'s settings: the recipe's (``--recipe``), then ``--config``'s, then the flags."""
+    from r3_env.config import ConfigError, load_yaml
+    from r3_env.recipes import LAUNCH_SECTIONS
+    from r3_env.train.config import SECTIONS, recipe_settings
+    from r3_env.train.local import LocalTrainConfig
 
-    config = LocalTrainConfig.from_sections(*configs_from_args(args, SECTIONS))
+    if args.config and LAUNCH_SECTIONS & set(load_yaml(args.config)):
+        raise ConfigError(f"{args.config} is a recipe (its algo: section is the launch scripts'): give it as --recipe")
+    base = recipe_settings(args.recipe) if args.recipe else None
+    return LocalTrainConfig.from_sections(*configs_from_args(args, SECTIONS, base=base))
+
+
+def run_local(args: argparse.Namespace) -> int:
+    from r3_env.train.local import train_local
+
+    config = local_config(args)
     results = train_local(config)
     for stage, folder in results.items():
         print(f"{stage} policy: {folder}")

@@ -10,8 +10,11 @@ trainer's; their names and defaults follow OpenRLHF's flags where one exists (no
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
+from r3_env.config import ConfigError
+from r3_env.recipes import AGENT_SECTIONS, AlgoSection, load_recipe
 from r3_env.rollout_config import SECTIONS as ROLLOUT_SECTIONS
 
 
@@ -288,3 +291,39 @@ SECTIONS = [
     *((f"{name}.", section) for name, section in ROLLOUT_SECTIONS.items()),
     ("health.", HealthConfig),
 ]
+
+
+# A recipe's RL algorithm (algo.name) as the local trainer's ppo settings, as launch/ppo_r3.sh maps it onto OpenRLHF.
+LOCAL_ALGOS: dict[str, dict[str, Any]] = {
+    "": {},  # left to the launch script, whose default is ppo
+    "ppo": {},  # GAE and a critic, the local trainer's defaults
+    "grpo": {"estimator": "group_norm"},  # group-normalised advantages, no critic
+    "dapo": {"estimator": "group_norm", "eps_clip_high": 0.28},  # group-normalised advantages, clip-higher
+}
+
+
+def algo_settings(algo: AlgoSection) -> dict[str, Any]:
+    """A recipe's algorithm as ``ppo.*`` settings: its estimator and clip, and the rollout temperature, top-p and KL
+    coefficient where it sets them. Its budget (batch sizes, learning rate, lengths, steps) is a cluster's: the
+    local run keeps its own."""
+    if algo.name not in LOCAL_ALGOS:
+        known = ", ".join(name for name in LOCAL_ALGOS if name)
+        raise ConfigError(
+            f"algo.name {algo.name!r} has no local estimator (the local trainer runs {known}): set ppo.estimator"
+        )
+    settings = dict(LOCAL_ALGOS[algo.name])
+    if algo.temperature:
+        settings["temperature"] = algo.temperature
+    if algo.top_p:
+        settings["top_p"] = algo.top_p
+    if algo.kl_coef:
+        settings["init_kl_coef"] = float(algo.kl_coef)
+    return settings
+
+
+def recipe_settings(name_or_path: str | Path) -> dict[str, dict[str, Any]]:
+    """``r3rag train local --recipe``: a recipe's agent sections as written and its algorithm's ppo settings,
+    as sections for :func:`r3_env.config.configs_from_values` (a config file and flags go over them)."""
+    recipe = load_recipe(name_or_path)
+    sections = {section: dict(recipe.agent[section]) for section in AGENT_SECTIONS if section in recipe.agent}
+    return {**sections, "ppo": algo_settings(recipe.algo)}
