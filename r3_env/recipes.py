@@ -35,7 +35,15 @@ if TYPE_CHECKING:
     from r3_env.rollout_config import RolloutConfig
     from r3_env.tree import TreeConfig
 
-RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
+
+def recipes_dir() -> Path:
+    """recipes/ of the source checkout (editable installs included), else the copy a wheel installs inside
+    r3_env (setup.py's BuildWithRecipes)."""
+    checkout = Path(__file__).resolve().parents[1] / "recipes"
+    return checkout if (checkout / "r3.yaml").is_file() else Path(__file__).resolve().parent / "recipe_files"
+
+
+RECIPES_DIR = recipes_dir()
 RECIPES = ("r3", "r3_recall", "lws", "r2ag")  # recipes/<name>.yaml
 AGENT_SECTIONS = ("env", "reward", "services", "policy")
 LAUNCH_SECTIONS = frozenset({"algo", "tree"})  # the recipe's other sections: launch scripts' and evaluation's

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -63,3 +65,28 @@ def test_lock_pins_what_setup_py_pins():
     nodeps = (ROOT / "requirements" / "nodeps.txt").read_text()
     for name, version in re.findall(r"^([a-z0-9\-]+)==(\S+)$", nodeps, flags=re.M):
         assert lock.get(name) == version, name
+
+
+def test_a_wheel_installs_the_recipes(tmp_path):
+    """A non-editable install (a wheel, ``pip install .``) has no recipes/ beside r3_env: setup.py puts the files
+    inside the package, and the formats and rewards that read R2AG's recipe load from there."""
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("setup.py", "README.md", "MANIFEST.in", "r3_env", "reward_server", "eval", "demo", "recipes"):
+        copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy
+        copy(ROOT / name, source / name)
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", tmp_path / "dist", source], check=True)
+    (wheel,) = (tmp_path / "dist").glob("r3rag-*.whl")
+    subprocess.run([*pip, "install", "--no-deps", "--target", tmp_path / "site", wheel], check=True)
+    check = (
+        "import r3_env.recipes as r; from r3_env.protocol import get_format; from r3_env.rewards import get_scheme; "
+        "print(r.RECIPES_DIR); print(sorted(p.stem for p in r.RECIPES_DIR.glob('*.yaml'))); "
+        "get_format('multi_query'); get_scheme('top_survivor'); print(r.load_recipe('lws').algo.name)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    result = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    folder, names, algo = result.stdout.splitlines()
+    assert Path(folder) == tmp_path / "site" / "r3_env" / "recipe_files"
+    assert names == str(sorted(path.stem for path in (ROOT / "recipes").glob("*.yaml"))) and algo == "dapo"
