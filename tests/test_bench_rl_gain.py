@@ -1,4 +1,5 @@
-"""bench/rl_gain.py: the paired bootstrap and the table it reports, and (slow) every arm on a quick demo."""
+"""bench/rl_gain.py and its tables (bench/rl_gain_results.py): the paired bootstrap and the table it reports, and
+(slow) every arm on a quick demo."""
 
 from __future__ import annotations
 
@@ -16,16 +17,14 @@ from conftest import ROOT, run_r3rag
 
 sys.path.insert(0, str(ROOT / "bench"))
 
-from rl_gain import (
-    RLGain,
+from rl_gain import RLGain, evaluation_run_prefix, sft_passes
+from rl_gain_results import (
     build_table,
     comparison_rows,
-    evaluation_run_prefix,
     format_table,
     format_training_search,
     format_versus_bm25,
     read_other_arm,
-    sft_passes,
     training_search,
 )
 
