@@ -5,7 +5,7 @@ with fewer layers trained and no reference model.
                                [--actions 800] [--episodes 4] [--micro_batch 2] [--mixed_precision bf16]
                                [--layers 8] [--repeats 2]
 
-Runs the local trainer's own update (``PPOTrainer._actor_step``: OpenRLHF's Actor, PolicyLoss and
+Runs the local trainer's own update (``PPOUpdates.actor_step``: OpenRLHF's Actor, PolicyLoss and
 compute_entropy, then one AdamW step) on ``--episodes`` random transcripts of ``--tokens`` tokens whose
 last ``--actions`` span the policy's steps (the cold-start transcripts average about 750 SmolLM2 tokens
 and reach about 1,200, so 1,000 is the long end, where the peak is set), in micro-batches of ``--micro_batch``.
@@ -123,7 +123,7 @@ def time_update(policy: str, variant: Variant, args: argparse.Namespace, out: st
                 trainer.score(batch)
             experience_times.append(time.perf_counter() - started)
             started = time.perf_counter()
-            trainer._actor_step(group)
+            trainer.updates.actor_step(group)
             update_times.append(time.perf_counter() - started)
     finally:
         trainer.close()

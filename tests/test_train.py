@@ -298,7 +298,7 @@ def test_ppo_ptx_adds_the_teachers_sft_loss_to_each_actor_step_and_resumes_its_p
             values = trainer.step()  # 4 episodes, one actor step
             if ptx:
                 assert math.isfinite(values["ptx_loss"]) and values["ptx_loss"] > 0
-                assert trainer.ptx_position == 2
+                assert trainer.updates.ptx_position == 2
                 trainer.save()
             else:
                 assert "ptx_loss" not in values
@@ -310,7 +310,7 @@ def test_ppo_ptx_adds_the_teachers_sft_loss_to_each_actor_step_and_resumes_its_p
     assert any(not torch.allclose(a, b) for a, b in zip(rl, ptx1, strict=True))
     resumed = make_trainer(world, tmp_path / "ptx1", estimator="reinforce", ptx_data=str(sft_data), ptx_coef=1.0)
     try:
-        assert resumed.resume() and resumed.ptx_position == 2
+        assert resumed.resume() and resumed.updates.ptx_position == 2
     finally:
         resumed.close()
     with pytest.raises(FileNotFoundError, match=r"ppo\.ptx_data .*r3rag coldstart sft-data"):
@@ -341,7 +341,7 @@ def test_ptx_select_failed_guides_only_the_questions_whose_samples_were_all_wron
             script_one_right_one_wrong(trainer, world)
             values = trainer.step()  # 4 episodes, one actor step
             updated[name] = [p.detach().clone() for p in trainer.actor.parameters()]
-            assert trainer.actor_sched.last_epoch == 1  # the guidance joined the RL step: no step of its own
+            assert trainer.updates.actor_sched.last_epoch == 1  # the guidance joined the RL step: no step of its own
         right, wrong = trainers["coef1"].items
         assert asked == [wrong.id] and right.id in trainers["coef1"].guide and wrong.id in trainers["coef1"].guide
         assert values["failed_questions"] == 1.0 and values["ptx_questions"] == 1.0 and values["ptx_loss"] > 0
@@ -363,7 +363,7 @@ def test_ptx_select_failed_guides_only_the_questions_whose_samples_were_all_wron
             wrong_only.items = wrong_only.items[1:]
             values = wrong_only.step()
             assert values["trained_share"] == 0.0 and values["ptx_loss"] > 0 and values["actor_trained"] == 1.0
-            assert "policy_loss" not in values and wrong_only.actor_sched.last_epoch == 1
+            assert "policy_loss" not in values and wrong_only.updates.actor_sched.last_epoch == 1
         finally:
             wrong_only.close()
     finally:

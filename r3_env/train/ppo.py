@@ -19,12 +19,12 @@ One iteration:
    ``make_experience`` does with its Ray model groups. Then OpenRLHF's
    ``compute_advantages_and_returns`` (through r3rag's subclass: each step's reward at its last
    token, the KL penalty per token) computes GAE or REINFORCE returns and normalises advantages.
-3. **Updates.** OpenRLHF's ``PolicyLoss`` (clipped ratio) and ``ValueLoss`` (clipped values), and
-   its ``compute_entropy`` for the entropy. With ``ppo.ptx_data`` each actor step also takes
-   ``ptx_coef`` times OpenRLHF's ``SFTLoss`` on ``ptx_batch_size`` teacher transcripts (PPO-ptx); with
-   ``ptx_select failed``, the iteration's actor steps instead share the transcripts of the questions none of
-   whose samples was right (teacher guidance on failure, :mod:`r3_env.train.guidance`), each in turn.
-   Accumulation, clipping and AdamW steps are the local trainer's own: OpenRLHF runs them through
+3. **Updates** (:mod:`r3_env.train.ppo_updates`). OpenRLHF's ``PolicyLoss`` (clipped ratio) and
+   ``ValueLoss`` (clipped values), and its ``compute_entropy`` for the entropy. With ``ppo.ptx_data`` each
+   actor step also takes ``ptx_coef`` times OpenRLHF's ``SFTLoss`` on ``ptx_batch_size`` teacher transcripts
+   (PPO-ptx); with ``ptx_select failed``, the iteration's actor steps instead share the transcripts of the
+   questions none of whose samples was right (teacher guidance on failure, :mod:`r3_env.train.guidance`), each
+   in turn. Accumulation, clipping and AdamW steps are the local trainer's own: OpenRLHF runs them through
    DeepSpeed, which needs a GPU.
 
 Each iteration the health monitor (:mod:`r3_env.train.health`) logs the shares of unanswered
@@ -75,14 +75,14 @@ from r3_env.train.models import (
     load_critic,
     load_state,
     load_tokenizer,
-    make_optimizer,
     pick_device,
     rng_state,
     save_policy,
     save_state,
     set_rng_state,
 )
-from r3_env.train.sft import sft_backward, sft_dataset
+from r3_env.train.ppo_updates import PPOUpdates, shuffled_index
+from r3_env.train.sft import sft_dataset
 
 logger = logging.getLogger(__name__)
 
@@ -144,8 +144,6 @@ class PPOTrainer:
         from r3_env.openrlhf import step_rewards
 
         step_rewards.install()  # before OpenRLHF's experience maker is imported: it patches compute_reward
-        from openrlhf.models import PolicyLoss, SFTLoss, ValueLoss
-        from openrlhf.models.utils import compute_entropy
         from openrlhf.trainer.ppo_utils.kl_controller import AdaptiveKLController, FixedKLController
 
         from r3_env.openrlhf.agent import AgentExecutor
@@ -172,29 +170,20 @@ class PPOTrainer:
         else:
             self.kl_ctl = FixedKLController(ppo.init_kl_coef)
         self.maker = maker_cls(None, None, None, None, self.kl_ctl, strategy, self.tokenizer)
-        self.policy_loss = PolicyLoss(clip_eps_low=ppo.eps_clip, clip_eps_high=ppo.eps_clip_high or ppo.eps_clip)
-        self.value_loss = ValueLoss(clip_eps=ppo.value_clip)
-        self.ptx, self.ptx_loss, self.ptx_position = None, SFTLoss(), 0  # the teacher's transcripts and where next
+        ptx = None  # the teacher's transcripts, for PPO-ptx
         self.guide: TranscriptsByQuestion | None = None  # the same, by question, for the failed questions only
         if ppo.ptx_data:
             template = ChatRenderer(self.tokenizer, rollout.policy.step_format, rollout.policy.chat_template).template
             if ppo.ptx_select == "failed":
                 self.guide = TranscriptsByQuestion(ppo.ptx_data, self.tokenizer, ppo.max_len, template, "ppo.ptx_data")
             else:
-                self.ptx = sft_dataset(ppo.ptx_data, self.tokenizer, ppo.max_len, template, field="ppo.ptx_data")
-            if len(self.guide.rows if self.guide else self.ptx) == 0:
+                ptx = sft_dataset(ppo.ptx_data, self.tokenizer, ppo.max_len, template, field="ppo.ptx_data")
+            if len(self.guide.rows if self.guide else ptx) == 0:
                 raise ValueError(f"ppo.ptx_data {ppo.ptx_data} holds no transcripts")
-        # torch.compile'd on GPU (OpenRLHF's choice); its eager body on CPU, where compiling costs more than it saves
-        self.entropy = compute_entropy
-        if self.device.type != "cuda":
-            self.entropy = getattr(compute_entropy, "_torchdynamo_orig_callable", compute_entropy)
         optimizer_steps = ppo.iterations * ppo.max_epochs * math.ceil(ppo.episodes / ppo.train_batch_size)
         # guidance with no RL batch to join (no group's rewards differed) takes a step of its own
         optimizer_steps += ppo.iterations if self.guide else 0
-        self.actor_optim, self.actor_sched = make_optimizer(self.actor, ppo.actor_lr, optimizer_steps)
-        self.critic_optim = self.critic_sched = None
-        if self.critic is not None:
-            self.critic_optim, self.critic_sched = make_optimizer(self.critic, ppo.critic_lr, optimizer_steps)
+        self.updates = PPOUpdates(ppo, self.actor, self.critic, self.device, optimizer_steps, ptx, run.seed)
         # the staged reward schemes read the trainer's step: the iterations done so far (0 during the first)
         self.executor = AgentExecutor(rollout, search=search, judge=judge, clock=lambda: self.iteration)
         self.server_current = False  # the vLLM server holds the actor's weights
@@ -258,15 +247,6 @@ class PPOTrainer:
         for _ in range(self.ppo.rollout_batch_size):
             batch.append(self.items[shuffled_index(self.position, len(self.items), self.run.seed)])
             self.position += 1
-        return batch
-
-    def next_transcripts(self) -> list[Any]:
-        """The next ``ptx_batch_size`` teacher transcripts: passes over ``ptx_data``, each in a seeded order."""
-        batch = []
-        for _ in range(self.ppo.ptx_batch_size):
-            # a seed of its own: the transcripts' order does not follow the questions'
-            batch.append(self.ptx[shuffled_index(self.ptx_position, len(self.ptx), self.run.seed + 7)])
-            self.ptx_position += 1
         return batch
 
     # -- 1. rollouts --------------------------------------------------------------------------------
@@ -343,84 +323,7 @@ class PPOTrainer:
         values = self.critic(sequences, action_mask, attention_mask=attention) if self.critic else None
         return log_probs, base, values
 
-    # -- 3. updates ---------------------------------------------------------------------------------
-
-    def train_on(
-        self, batches: Sequence[Any], train_actor: bool = True, guidance: Transcripts | None = None
-    ) -> dict[str, float]:
-        """``max_epochs`` passes over the micro-batches; one optimizer step per ``train_batch_size`` episodes. The
-        first pass's actor steps share ``guidance``'s transcripts in turn, so each is trained once, beside RL."""
-        per_step = self.ppo.train_batch_size // self.ppo.micro_batch_size
-        actor_steps = math.ceil(len(batches) / per_step)
-        sums: dict[str, float] = {}
-        counts: dict[str, int] = {}
-
-        def add(name: str, value: float) -> None:
-            sums[name] = sums.get(name, 0.0) + value
-            counts[name] = counts.get(name, 0) + 1
-
-        for epoch in range(self.ppo.max_epochs):
-            order = torch.randperm(len(batches)).tolist()
-            for number, start in enumerate(range(0, len(order), per_step)):
-                group = [batches[i] for i in order[start : start + per_step]]
-                if train_actor:
-                    share = guidance.share(number, actor_steps) if guidance and epoch == 0 else None
-                    for name, value in self._actor_step(group, share).items():
-                        add(name, value)
-                if self.critic is not None:
-                    for name, value in self._critic_step(group).items():
-                        add(name, value)
-        return {name: sums[name] / counts[name] for name in sums}
-
-    def _tokens(self, group: Sequence[Any]) -> float:
-        return max(float(sum(b.action_mask.sum() for b in group)), 1.0)
-
-    def _actor_step(self, group: Sequence[Any], guidance: Transcripts | None = None) -> dict[str, float]:
-        """One optimizer step of the policy loss on ``group``, plus ``ptx_coef`` times the SFT loss of the teacher's
-        transcripts: the next ``ptx_batch_size`` (PPO-ptx), or ``guidance`` (the failed questions' share)."""
-        from openrlhf.models.utils import masked_mean
-
-        self.actor.train()
-        total_tokens, logs = self._tokens(group), {"policy_loss": 0.0, "entropy": 0.0, "clip_ratio": 0.0, "ppo_kl": 0.0}
-        for batch in group:
-            mask = batch.action_mask.to(self.device)
-            share = float(batch.action_mask.sum()) / total_tokens
-            log_probs, output = self.actor(
-                batch.sequences.to(self.device),
-                mask,
-                attention_mask=batch.attention_mask.to(self.device),
-                return_output=True,
-            )
-            loss, clip_ratio, ppo_kl, _, _ = self.policy_loss(
-                log_probs, batch.action_log_probs.to(self.device), batch.advantages.to(self.device), action_mask=mask
-            )
-            logits = output["logits"][:, :-1][:, -mask.shape[1] :]  # the positions that predict the actions
-            # at entropy_coef 0 it is logged only: no graph through a softmax over the vocabulary at every position
-            with torch.set_grad_enabled(bool(self.ppo.entropy_coef)):
-                entropy = masked_mean(self.entropy(logits), mask)
-            (share * (loss - self.ppo.entropy_coef * entropy)).backward()
-            for name, value in (
-                ("policy_loss", loss),
-                ("entropy", entropy),
-                ("clip_ratio", clip_ratio),
-                ("ppo_kl", ppo_kl),
-            ):
-                logs[name] += share * float(value.detach())
-        if self.ptx is not None:  # PPO-ptx: the teacher's transcripts pull beside the advantages
-            logs["ptx_loss"] = self._ptx_backward(Transcripts(self.ptx, self.next_transcripts()))
-        elif guidance:
-            logs["ptx_loss"] = self._ptx_backward(guidance)
-        logs["actor_grad_norm"] = self._optimizer_step(self.actor, self.actor_optim, self.actor_sched)
-        logs["actor_lr"] = self.actor_sched.get_last_lr()[0]
-        return logs
-
-    def _ptx_backward(self, transcripts: Transcripts) -> float:
-        """Accumulate ``ptx_coef`` times the SFT loss of ``transcripts`` into the actor's gradients; the loss."""
-        micro = self.ppo.micro_batch_size
-        loss, _ = sft_backward(
-            self.actor, transcripts.dataset, transcripts.items, micro, self.ptx_loss, self.device, self.ppo.ptx_coef
-        )
-        return loss
+    # -- 3. updates (r3_env.train.ppo_updates) ------------------------------------------------------
 
     def _failed_transcripts(
         self, items: Sequence[QAItem], responses: Sequence[dict[str, Any]]
@@ -435,34 +338,6 @@ class PPOTrainer:
         ]
         logs = {"failed_questions": float(len(failed)), "ptx_questions": float(sum(q in self.guide for q in failed))}
         return self.guide.transcripts(failed), logs
-
-    def _critic_step(self, group: Sequence[Any]) -> dict[str, float]:
-        from openrlhf.models.utils import masked_mean
-
-        self.critic.train()
-        total_tokens, logs = self._tokens(group), {"value_loss": 0.0, "values": 0.0}
-        for batch in group:
-            mask = batch.action_mask.to(self.device)
-            share = float(batch.action_mask.sum()) / total_tokens
-            values = self.critic(
-                batch.sequences.to(self.device), mask, attention_mask=batch.attention_mask.to(self.device)
-            )
-            loss = self.value_loss(
-                values, batch.values.to(self.device), batch.returns.to(self.device), action_mask=mask
-            )
-            (share * loss).backward()
-            logs["value_loss"] += share * float(loss.detach())
-            logs["values"] += share * float(masked_mean(values.detach(), mask))
-        logs["critic_grad_norm"] = self._optimizer_step(self.critic, self.critic_optim, self.critic_sched)
-        return logs
-
-    def _optimizer_step(self, module: torch.nn.Module, optimizer: Any, scheduler: Any) -> float:
-        """Clip the gradients to ``max_norm``, step, schedule and clear them; returns the norm before clipping."""
-        norm = float(torch.nn.utils.clip_grad_norm_(module.parameters(), self.ppo.max_norm))
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        return norm
 
     # -- the loop -----------------------------------------------------------------------------------
 
@@ -481,12 +356,11 @@ class PPOTrainer:
         warm = self.iteration >= self.ppo.critic_warmup
         train_actor = warm and bool(batches)
         guidance, guided = (None, {}) if self.guide is None or not warm else self._failed_transcripts(items, responses)
-        losses = self.train_on(batches, train_actor=train_actor, guidance=guidance) if batches else {}
+        losses = self.updates.train_on(batches, train_actor=train_actor, guidance=guidance) if batches else {}
         if not batches:
             logger.info("PPO %d: every question's samples got the same reward; no RL update", self.iteration + 1)
             if guidance:  # no RL loss to weigh the guidance against: a step of its own
-                losses["ptx_loss"] = self._ptx_backward(guidance)
-                self._optimizer_step(self.actor, self.actor_optim, self.actor_sched)
+                losses["ptx_loss"] = self.updates.guidance_step(guidance)
                 train_actor = True
         losses.update(guided)
         if train_actor:
@@ -614,22 +488,16 @@ class PPOTrainer:
         state = {
             "iteration": self.iteration,
             "position": self.position,
-            "ptx_position": self.ptx_position,
             "kl_coef": float(self.kl_ctl.value),
             "questions": [item.id for item in self.items],  # what `position` counts through, in its order
             "actor": self.actor.model.state_dict(),
-            "actor_optim": self.actor_optim.state_dict(),
-            "actor_sched": self.actor_sched.state_dict(),
             "rng": rng_state(),
             "best": self.best,
             "health": self.health.state_dict(),
+            **self.updates.state_dict(),  # the optimizers, schedulers and the transcripts' place
         }
         if self.critic is not None:
-            state.update(
-                critic=self.critic.state_dict(),
-                critic_optim=self.critic_optim.state_dict(),
-                critic_sched=self.critic_sched.state_dict(),
-            )
+            state["critic"] = self.critic.state_dict()
         save_state(self.folder / CHECKPOINT_FILE, state)
 
     def resume(self) -> bool:
@@ -638,14 +506,10 @@ class PPOTrainer:
             return False
         self._check_questions(state.get("questions"))
         self.actor.model.load_state_dict(state["actor"])
-        self.actor_optim.load_state_dict(state["actor_optim"])
-        self.actor_sched.load_state_dict(state["actor_sched"])
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
-            self.critic_optim.load_state_dict(state["critic_optim"])
-            self.critic_sched.load_state_dict(state["critic_sched"])
+        self.updates.load_state_dict(state)
         self.iteration, self.position = state["iteration"], state["position"]
-        self.ptx_position = state.get("ptx_position", 0)
         self.kl_ctl.value = state["kl_coef"]
         self.best = state.get("best")
         saved = self.folder / "best_policy" / BEST_FILE  # written at an evaluation, maybe after this checkpoint
@@ -678,14 +542,6 @@ class PPOTrainer:
         if self.ppo.vllm_url:
             self.loop.run_until_complete(self.engine.aclose())
         self.loop.close()
-
-
-def shuffled_index(position: int, size: int, seed: int) -> int:
-    """The index at ``position`` of endless passes over ``size`` items, each pass in its own seeded order."""
-    epoch, offset = divmod(position, size)
-    order = list(range(size))
-    random.Random(seed * 1_000_003 + epoch).shuffle(order)
-    return order[offset]
 
 
 def differing_groups(responses: Sequence[dict[str, Any]], samples: int) -> list[dict[str, Any]]:
