@@ -735,9 +735,10 @@ def report(
     collected: Collected,
     others: dict[str, OtherArm],
     against_folders: dict[str, str],
-    seconds: float,
+    started: float,
 ) -> None:
-    """The tables, printed and written to OUT/rl_gain.md, and everything behind them to OUT/rl_gain.json."""
+    """The tables, printed and written to OUT/rl_gain.md, and everything behind them to OUT/rl_gain.json (with the
+    seconds since ``started``, the arms' first)."""
     results, per_seed = collected.results, collected.per_seed
     listed = [arm for arm in ARMS if arm in results]  # this invocation's arms and every other arm saved in OUT
     arms_here = {arm: results[arm] for arm in listed}
@@ -778,7 +779,8 @@ def report(
                "questions": len(bench.questions), "episodes": bench.iterations * bench.per_iteration,
                "bm25_k": collected.bm25_k, "vs_bm25": collected.versus, "training_search": searching,
                "per_seed": per_seed, "rows": rows, "vs_sft_more": control,
-               "against": against, "against_folders": against_folders, "seconds": round(seconds)}  # fmt: skip
+               "against": against, "against_folders": against_folders,
+               "seconds": round(time.perf_counter() - started)}  # fmt: skip
     out = Path(args.out)
     (out / "rl_gain.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "rl_gain.md").write_text(table)
@@ -792,7 +794,7 @@ def main() -> None:
     others, against_folders = read_against(bench, args)
     started = time.perf_counter()
     collected = run_arms(bench, arms, args, others)
-    report(bench, args, collected, others, against_folders, time.perf_counter() - started)
+    report(bench, args, collected, others, against_folders, started)
 
 
 if __name__ == "__main__":

@@ -277,10 +277,11 @@ METHODS = {
     # R3-RAG (recipes/r3.yaml): labelled sections, relevance x outcome process rewards, PPO with a critic and GAE
     "r3": Method(recipe="r3", ppo={}, title="PPO (critic, GAE, per-step rewards)"),
     # Learning when to search (recipes/lws.yaml): tags, the staged retrieval-cost reward (the demo starts stage 2
-    # half-way), DAPO's group-normalised advantages with clip-higher; the demo runs it without KL
+    # half-way), DAPO's group-normalised advantages with clip-higher; the demo runs it without KL and without
+    # dynamic sampling (every group trains), as its figures were measured
     "lws": Method(
         recipe="lws",
-        ppo={"init_kl_coef": 0.0, "critic_warmup": 0},
+        ppo={"init_kl_coef": 0.0, "critic_warmup": 0, "filter_groups": False},
         title="RL (group-normalised advantages, clip-higher, staged retrieval-cost reward)",
         stage_switch=0.5,
         no_retrieval_eval=True,

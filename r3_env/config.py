@@ -151,13 +151,9 @@ def positive_ints(value: str, name: str) -> list[int]:
 
 
 def configs_from_args(
-    args: argparse.Namespace,
-    sections: list[tuple[str, type]],
-    ignored: frozenset[str] = frozenset(),
-    base: dict[str, Any] | None = None,
+    args: argparse.Namespace, sections: list[tuple[str, type]], ignored: frozenset[str] = frozenset()
 ) -> list[Any]:
-    """One config per (prefix, class), from ``base`` (sections of settings, like a recipe's), ``--config FILE``
-    over it setting by setting (when given), and flags over both.
+    """One config per (prefix, class), from ``--config FILE`` (when given) overridden by flags.
 
     Prefix "" takes the file's top-level keys; prefix "name." takes the mapping under ``name:``.
     Top-level keys in ``ignored`` (another tool's settings that do not apply) are dropped with a note.
@@ -168,12 +164,6 @@ def configs_from_args(
     if skipped:
         logging.getLogger(__name__).info("%s: ignoring %s (not used by r3rag)", path, ", ".join(skipped))
         values = {key: value for key, value in values.items() if key not in ignored}
-    for key, section in (base or {}).items():
-        given = values.get(key)
-        if given is None:
-            values[key] = section
-        elif isinstance(given, dict):
-            values[key] = {**section, **given}
     return configs_from_values(values, sections, args, where=path or "invalid option")
 
 

@@ -37,10 +37,10 @@ if TYPE_CHECKING:
 
 
 def recipes_dir() -> Path:
-    """recipes/ of the source checkout (editable installs included), else the copy a wheel installs inside
-    r3_env (setup.py's BuildWithRecipes)."""
-    checkout = Path(__file__).resolve().parents[1] / "recipes"
-    return checkout if (checkout / "r3.yaml").is_file() else Path(__file__).resolve().parent / "recipe_files"
+    """The copy of recipes/ a wheel installs inside r3_env (setup.py's BuildWithRecipes), else the source
+    checkout's recipes/ (editable installs included: a checkout never holds the copy)."""
+    installed = Path(__file__).resolve().parent / "recipe_files"
+    return installed if installed.is_dir() else Path(__file__).resolve().parents[1] / "recipes"
 
 
 RECIPES_DIR = recipes_dir()

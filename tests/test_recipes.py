@@ -297,10 +297,11 @@ def test_train_local_runs_a_recipe_under_its_config_and_flags(tmp_path):
     config = train_local_settings("--recipe", "r3_recall")
     assert config.rollout == recall.rollout_config()
     ppo = config.ppo
-    assert (ppo.estimator, ppo.temperature, ppo.init_kl_coef) == ("group_norm", 0.7, 0.0)
+    assert (ppo.estimator, ppo.temperature, ppo.init_kl_coef, ppo.filter_groups) == ("group_norm", 0.7, 0.0, False)
     assert ppo.actor_lr == 2e-5 != recall.algo.actor_lr and ppo.rollout_batch_size == 16  # the local defaults
     lws = train_local_settings("--recipe", "lws")
     assert (lws.ppo.estimator, lws.ppo.eps_clip_high, lws.rollout.reward.scheme) == ("group_norm", 0.28, "lws")
+    assert (lws.ppo.init_kl_coef, lws.ppo.filter_groups) == (1e-4, True)  # DAPO's KL default, dynamic sampling
     assert train_local_settings("--recipe", "r3").ppo.estimator == "gae"
 
     config_file = tmp_path / "train.yaml"
@@ -310,9 +311,33 @@ def test_train_local_runs_a_recipe_under_its_config_and_flags(tmp_path):
     assert (config.ppo.temperature, config.ppo.n_samples_per_prompt, config.ppo.estimator) == (1.0, 4, "group_norm")
 
 
-def test_train_local_refuses_a_recipe_as_config_and_an_algorithm_it_cannot_run(tmp_path):
+def test_a_schemes_options_merge_over_the_recipes_until_another_scheme_is_chosen(tmp_path):
+    """As launch/ppo_r3.sh merges REWARD_OPTIONS over the recipe's: a file's and a flag's options go over the
+    recipe's one by one while the scheme is the recipe's; another scheme starts from its own defaults."""
+    recipe = load_recipe("r3_recall").rollout_config().reward.options  # no_answer_scale 0, the measured scales
+    config_file = tmp_path / "train.yaml"
+    config_file.write_text("reward:\n  options:\n    correct_scale: 3.0\n")
+    merged = train_local_settings("--recipe", "r3_recall", "--config", str(config_file),
+                                  "--reward.options", '{"wrong_scale": 1.5}').rollout.reward  # fmt: skip
+    assert merged.options == {**recipe, "correct_scale": 3.0, "wrong_scale": 1.5} and merged.scheme == "r3_gold"
+    other = train_local_settings("--recipe", "r3_recall", "--reward.scheme", "outcome").rollout.reward
+    assert (other.scheme, other.options) == ("outcome", {})
+    switched = train_local_settings("--recipe", "lws", "--config", str(config_file), "--reward.scheme", "r3")
+    assert switched.rollout.reward.options == {}  # the file's options were for the recipe's scheme
+    chosen = tmp_path / "chosen.yaml"  # a file that names its scheme: its options are that scheme's
+    chosen.write_text("reward:\n  scheme: r3\n  options:\n    correct_scale: 3.0\n")
+    assert train_local_settings("--recipe", "lws", "--config", str(chosen)).rollout.reward.options == {
+        "correct_scale": 3.0
+    }
+    with pytest.raises(ValueError, match="reward scheme 'gold_hit'"):  # r3's options, not gold_hit's: before training
+        train_local_settings("--config", str(config_file), "--reward.scheme", "gold_hit")
+
+
+def test_train_local_refuses_a_recipe_as_config_and_what_it_cannot_run(tmp_path):
     with pytest.raises(ConfigError, match="is a recipe .* give it as --recipe"):
         train_local_settings("--config", str(ROOT / "recipes" / "lws.yaml"))
+    with pytest.raises(ConfigError, match="progressive rounds .* r3rag r2ag train --config"):
+        train_local_settings("--recipe", "r2ag")
     recipe = tmp_path / "frugal.yaml"
     recipe.write_text((ROOT / "recipes" / "r3.yaml").read_text().replace("name: ppo ", "name: reinforce++ "))
     assert load_recipe(recipe).algo.name == "reinforce++"

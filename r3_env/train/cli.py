@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from r3_env.config import add_config_command, add_dataclass_arguments, build_config, configs_from_args
+from r3_env.config import add_config_command, add_dataclass_arguments, build_config
 
 if TYPE_CHECKING:
     from r3_env.train.local import LocalTrainConfig
@@ -47,16 +47,41 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def local_config(args: argparse.Namespace) -> LocalTrainConfig:
-    """``r3rag train local``'s settings: the recipe's (``--recipe``), then ``--config``'s, then the flags."""
-    from r3_env.config import ConfigError, load_yaml
+    """``r3rag train local``'s settings: the recipe's (``--recipe``), then ``--config``'s, then the flags. The reward
+    scheme is built here, so that its options fail before any training."""
+    from r3_env.config import ConfigError, configs_from_values, load_yaml
     from r3_env.recipes import LAUNCH_SECTIONS
-    from r3_env.train.config import SECTIONS, recipe_settings
+    from r3_env.rewards import get_scheme
+    from r3_env.train.config import SECTIONS, layered, recipe_settings
     from r3_env.train.local import LocalTrainConfig
 
-    if args.config and LAUNCH_SECTIONS & set(load_yaml(args.config)):
+    values = load_yaml(args.config) if args.config else {}
+    if LAUNCH_SECTIONS & set(values):
         raise ConfigError(f"{args.config} is a recipe (its algo: section is the launch scripts'): give it as --recipe")
-    base = recipe_settings(args.recipe) if args.recipe else None
-    return LocalTrainConfig.from_sections(*configs_from_args(args, SECTIONS, base=base))
+    if args.recipe:
+        flags, args = _choice_flags(args)
+        values = layered(layered(recipe_settings(args.recipe), values), flags)
+    sections = configs_from_values(values, SECTIONS, args, where=args.config or "invalid option")
+    config = LocalTrainConfig.from_sections(*sections)
+    get_scheme(config.rollout.reward.scheme, **config.rollout.reward.options)
+    return config
+
+
+def _choice_flags(args: argparse.Namespace) -> tuple[dict[str, dict[str, Any]], argparse.Namespace]:
+    """The reward scheme and step format flags and their options' (parsed) as a layer of sections, and ``args``
+    without them: over a recipe they merge as the config file's settings do (:func:`layered`)."""
+    from r3_env.recipes import json_object
+    from r3_env.train.config import CHOICE_OPTIONS
+
+    layer: dict[str, dict[str, Any]] = {}
+    rest = vars(args).copy()
+    for (section, options), choice in CHOICE_OPTIONS.items():
+        for name in (choice, options):
+            text = rest.pop(f"{section}.{name}", None)
+            if text is not None:
+                value = json_object(text, f"--{section}.{name}") if name == options else text
+                layer.setdefault(section, {})[name] = value
+    return layer, argparse.Namespace(**rest)
 
 
 def run_local(args: argparse.Namespace) -> int:

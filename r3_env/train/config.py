@@ -294,18 +294,25 @@ SECTIONS = [
 
 
 # A recipe's RL algorithm (algo.name) as the local trainer's ppo settings, as launch/ppo_r3.sh maps it onto OpenRLHF.
+# The KL coefficient is the launch script's default for the algorithm; here it is always a penalty in the reward
+# (OpenRLHF's GRPO and DAPO take it as a loss term). DAPO's dynamic sampling is ppo.filter_groups: the groups whose
+# rewards all tie are dropped, not sampled again.
 LOCAL_ALGOS: dict[str, dict[str, Any]] = {
     "": {},  # left to the launch script, whose default is ppo
     "ppo": {},  # GAE and a critic, the local trainer's defaults
-    "grpo": {"estimator": "group_norm"},  # group-normalised advantages, no critic
-    "dapo": {"estimator": "group_norm", "eps_clip_high": 0.28},  # group-normalised advantages, clip-higher
+    "grpo": {"estimator": "group_norm", "init_kl_coef": 1e-3},  # group-normalised advantages, no critic
+    # group-normalised advantages, clip-higher, dynamic sampling
+    "dapo": {"estimator": "group_norm", "eps_clip_high": 0.28, "init_kl_coef": 1e-4, "filter_groups": True},
 }
+# A setting whose value is a mapping of another setting's choice: merged over the recipe's while that choice is the
+# recipe's (as launch/ppo_r3.sh merges REWARD_OPTIONS), dropped when another is chosen.
+CHOICE_OPTIONS = {("reward", "options"): "scheme", ("policy", "format_options"): "step_format"}
 
 
 def algo_settings(algo: AlgoSection) -> dict[str, Any]:
-    """A recipe's algorithm as ``ppo.*`` settings: its estimator and clip, and the rollout temperature, top-p and KL
-    coefficient where it sets them. Its budget (batch sizes, learning rate, lengths, steps) is a cluster's: the
-    local run keeps its own."""
+    """A recipe's algorithm as ``ppo.*`` settings: its estimator, clip, KL coefficient and group filter, and the
+    rollout temperature and top-p where it sets them. Its budget (batch sizes, samples per question, learning rate,
+    lengths, steps) is a cluster's: the local run keeps its own."""
     if algo.name not in LOCAL_ALGOS:
         known = ", ".join(name for name in LOCAL_ALGOS if name)
         raise ConfigError(
@@ -322,8 +329,35 @@ def algo_settings(algo: AlgoSection) -> dict[str, Any]:
 
 
 def recipe_settings(name_or_path: str | Path) -> dict[str, dict[str, Any]]:
-    """``r3rag train local --recipe``: a recipe's agent sections as written and its algorithm's ppo settings,
-    as sections for :func:`r3_env.config.configs_from_values` (a config file and flags go over them)."""
+    """``r3rag train local --recipe``: a recipe's agent sections as written and its algorithm's ppo settings, as
+    sections for :func:`layered` and :func:`r3_env.config.configs_from_values`."""
     recipe = load_recipe(name_or_path)
+    if recipe.tree is not None:
+        raise ConfigError(
+            f"recipe {recipe.name!r} trains in progressive rounds of its retrieval tree: run it with "
+            f"r3rag r2ag train --config {recipe.path}"
+        )
     sections = {section: dict(recipe.agent[section]) for section in AGENT_SECTIONS if section in recipe.agent}
     return {**sections, "ppo": algo_settings(recipe.algo)}
+
+
+def layered(lower: dict[str, Any], upper: dict[str, Any]) -> dict[str, Any]:
+    """``upper``'s sections over ``lower``'s, setting by setting. A scheme's ``options`` (a step format's
+    ``format_options``) merge over ``lower``'s while the scheme is ``lower``'s, as launch/ppo_r3.sh merges
+    REWARD_OPTIONS over the recipe's; under another scheme ``lower``'s are dropped, since they are its scheme's."""
+    values = dict(upper)
+    for key, section in lower.items():
+        mine = upper.get(key)
+        if mine is None:
+            values[key] = section
+        elif isinstance(mine, dict):
+            values[key] = merged = {**section, **mine}
+            for (owner, options), choice in CHOICE_OPTIONS.items():
+                if owner != key or options not in section:
+                    continue
+                if merged.get(choice) != section.get(choice):
+                    if options not in mine:
+                        del merged[options]
+                elif isinstance(mine.get(options), dict):
+                    merged[options] = {**section[options], **mine[options]}
+    return values
