@@ -29,8 +29,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "ppo/best_policy (best dev reward, with --ppo.eval_prompts) into --out; rerun to resume.",
     ).add_argument(
         "--recipe",
-        help="a recipe (r3, r3_recall, lws, r2ag: recipes/NAME.yaml) or its file: its agent sections and its "
-        "algorithm's estimator, clip, temperature, top-p and KL; not its cluster budget. --config and flags go over it",
+        help="a recipe (r3, r3_recall, lws: recipes/NAME.yaml; r2ag trains with r3rag r2ag train) or its file: its "
+        "agent sections and its algorithm's design (estimator, clip, KL, dynamic sampling, temperature, top-p), not "
+        "its cluster budget; --config and flags go over it",
     )
     from r3_env.train.model_factory import TinyModelConfig
 
