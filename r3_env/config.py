@@ -183,7 +183,7 @@ def configs_from_values(
     for prefix, cls in sections:
         name = prefix.rstrip(".")
         if prefix:
-            section = values.get(name) or {}
+            section = {} if values.get(name) is None else values[name]
             if not isinstance(section, dict):
                 raise ConfigError(f"{where}: '{name}' must be a mapping of {name} settings")
             section_where = f"{where} ({name})"

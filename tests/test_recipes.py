@@ -329,8 +329,29 @@ def test_a_schemes_options_merge_over_the_recipes_until_another_scheme_is_chosen
     assert train_local_settings("--recipe", "lws", "--config", str(chosen)).rollout.reward.options == {
         "correct_scale": 3.0
     }
-    with pytest.raises(ValueError, match="reward scheme 'gold_hit'"):  # r3's options, not gold_hit's: before training
-        train_local_settings("--config", str(config_file), "--reward.scheme", "gold_hit")
+    chosen.write_text("reward:\n  scheme: gold_hit\n  options:\n    correct_scale: 3.0\n")
+    with pytest.raises(ValueError, match="reward scheme 'gold_hit'"):  # r3's option, not gold_hit's: before training
+        train_local_settings("--config", str(chosen))
+
+
+def test_layers_merge_options_against_the_default_scheme_and_json_text(tmp_path):
+    """A lower layer that names no scheme runs the default one, so naming it above keeps its options; options
+    written as JSON text (as a flag's are) merge like a mapping; flags merge over a file without a recipe too; an
+    empty non-mapping section is refused, not read as no section."""
+    from r3_env.train.config import layered
+
+    lower = {"reward": {"options": {"correct_scale": 4.0}}, "env": {"topk": 3}}
+    same = layered(lower, {"reward": {"scheme": "r3", "options": '{"wrong_scale": 2.0}'}})
+    assert same["reward"] == {"scheme": "r3", "options": {"correct_scale": 4.0, "wrong_scale": 2.0}}
+    assert layered(lower, {"reward": {"scheme": "lws"}})["reward"] == {"scheme": "lws"}
+    assert layered(lower, {"env": {"topk": 5}}) == {"reward": lower["reward"], "env": {"topk": 5}}
+    config_file = tmp_path / "train.yaml"
+    config_file.write_text("reward:\n  options:\n    correct_scale: 3.0\n")
+    flagged = train_local_settings("--config", str(config_file), "--reward.options", '{"wrong_scale": 1.5}')
+    assert flagged.rollout.reward.options == {"correct_scale": 3.0, "wrong_scale": 1.5}
+    config_file.write_text("reward: []\n")
+    with pytest.raises(ConfigError, match="'reward' must be a mapping"):
+        train_local_settings("--recipe", "r3_recall", "--config", str(config_file))
 
 
 def test_train_local_refuses_a_recipe_as_config_and_what_it_cannot_run(tmp_path):
@@ -341,5 +362,7 @@ def test_train_local_refuses_a_recipe_as_config_and_what_it_cannot_run(tmp_path)
     recipe = tmp_path / "frugal.yaml"
     recipe.write_text((ROOT / "recipes" / "r3.yaml").read_text().replace("name: ppo ", "name: reinforce++ "))
     assert load_recipe(recipe).algo.name == "reinforce++"
-    with pytest.raises(ConfigError, match="algo.name 'reinforce\\+\\+' has no local estimator.*ppo.estimator"):
+    with pytest.raises(
+        ConfigError, match="algo.name 'reinforce\\+\\+' has no local estimator.*give a copy of the recipe"
+    ):
         train_local_settings("--recipe", str(recipe))

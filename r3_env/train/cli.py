@@ -48,9 +48,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def local_config(args: argparse.Namespace) -> LocalTrainConfig:
-    """``r3rag train local``'s settings: the recipe's (``--recipe``), then ``--config``'s, then the flags. The reward
-    scheme is built here, so that its options fail before any training."""
+    """``r3rag train local``'s settings: the recipe's (``--recipe``), then ``--config``'s, then the flags, each
+    over the one before as :func:`r3_env.train.config.layered` says. The reward scheme and the step format are
+    built here, so that their options fail before any training."""
     from r3_env.config import ConfigError, configs_from_values, load_yaml
+    from r3_env.protocol import get_format
     from r3_env.recipes import LAUNCH_SECTIONS
     from r3_env.rewards import get_scheme
     from r3_env.train.config import SECTIONS, layered, recipe_settings
@@ -60,17 +62,20 @@ def local_config(args: argparse.Namespace) -> LocalTrainConfig:
     if LAUNCH_SECTIONS & set(values):
         raise ConfigError(f"{args.config} is a recipe (its algo: section is the launch scripts'): give it as --recipe")
     if args.recipe:
-        flags, args = _choice_flags(args)
-        values = layered(layered(recipe_settings(args.recipe), values), flags)
+        values = layered(recipe_settings(args.recipe), values)
+    flags, args = _choice_flags(args)
+    values = layered(values, flags)
     sections = configs_from_values(values, SECTIONS, args, where=args.config or "invalid option")
     config = LocalTrainConfig.from_sections(*sections)
-    get_scheme(config.rollout.reward.scheme, **config.rollout.reward.options)
+    reward, policy = config.rollout.reward, config.rollout.policy
+    get_scheme(reward.scheme, **reward.options)
+    get_format(policy.step_format, **policy.format_options)
     return config
 
 
 def _choice_flags(args: argparse.Namespace) -> tuple[dict[str, dict[str, Any]], argparse.Namespace]:
-    """The reward scheme and step format flags and their options' (parsed) as a layer of sections, and ``args``
-    without them: over a recipe they merge as the config file's settings do (:func:`layered`)."""
+    """The reward scheme and step format flags and their options (parsed) as a layer of sections, and ``args``
+    without them: they merge over the file's and the recipe's as the file's merge over the recipe's."""
     from r3_env.recipes import json_object
     from r3_env.train.config import CHOICE_OPTIONS
 

@@ -9,12 +9,13 @@ trainer's; their names and defaults follow OpenRLHF's flags where one exists (no
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from r3_env.config import ConfigError
-from r3_env.recipes import AGENT_SECTIONS, AlgoSection, load_recipe
+from r3_env.recipes import AGENT_SECTIONS, AlgoSection, json_object, load_recipe
 from r3_env.rollout_config import SECTIONS as ROLLOUT_SECTIONS
 
 
@@ -316,7 +317,8 @@ def algo_settings(algo: AlgoSection) -> dict[str, Any]:
     if algo.name not in LOCAL_ALGOS:
         known = ", ".join(name for name in LOCAL_ALGOS if name)
         raise ConfigError(
-            f"algo.name {algo.name!r} has no local estimator (the local trainer runs {known}): set ppo.estimator"
+            f"algo.name {algo.name!r} has no local estimator (the local trainer runs {known}): give a copy of the "
+            "recipe with one of them"
         )
     settings = dict(LOCAL_ALGOS[algo.name])
     if algo.temperature:
@@ -343,8 +345,9 @@ def recipe_settings(name_or_path: str | Path) -> dict[str, dict[str, Any]]:
 
 def layered(lower: dict[str, Any], upper: dict[str, Any]) -> dict[str, Any]:
     """``upper``'s sections over ``lower``'s, setting by setting. A scheme's ``options`` (a step format's
-    ``format_options``) merge over ``lower``'s while the scheme is ``lower``'s, as launch/ppo_r3.sh merges
-    REWARD_OPTIONS over the recipe's; under another scheme ``lower``'s are dropped, since they are its scheme's."""
+    ``format_options``) merge over ``lower``'s while the scheme is ``lower``'s (its default where ``lower`` names
+    none), as launch/ppo_r3.sh merges REWARD_OPTIONS over the recipe's; under another scheme ``lower``'s are dropped,
+    since they are its scheme's."""
     values = dict(upper)
     for key, section in lower.items():
         mine = upper.get(key)
@@ -355,9 +358,22 @@ def layered(lower: dict[str, Any], upper: dict[str, Any]) -> dict[str, Any]:
             for (owner, options), choice in CHOICE_OPTIONS.items():
                 if owner != key or options not in section:
                     continue
-                if merged.get(choice) != section.get(choice):
+                default = _default(owner, choice)
+                if merged.get(choice, default) != section.get(choice, default):
                     if options not in mine:
                         del merged[options]
-                elif isinstance(mine.get(options), dict):
-                    merged[options] = {**section[options], **mine[options]}
+                elif options in mine:
+                    given = mine[options]
+                    if isinstance(given, str):  # written as JSON, as a flag's value is
+                        given = json_object(given, f"{owner}.{options}")
+                    merged[options] = {**_mapping(section[options], f"{owner}.{options}"), **given}
     return values
+
+
+def _default(section: str, name: str) -> Any:
+    """An agent section's default for one setting (the scheme a recipe that names none runs)."""
+    return next(f.default for f in dataclasses.fields(ROLLOUT_SECTIONS[section]) if f.name == name)
+
+
+def _mapping(value: Any, where: str) -> dict[str, Any]:
+    return json_object(value, where) if isinstance(value, str) else value
