@@ -10,11 +10,15 @@ process's heap for the next step, at the cost of holding the step's peak memory 
 glibc reads its tunables only when a process starts, so an entry point calls :func:`keep_freed_memory`
 first: it starts the same command again with them set. Everything the command starts (vLLM, Ray
 workers, services) inherits them. ``GLIBC_TUNABLES`` already set (to anything) is left as it is, and
-``R3RAG_SYSTEM_MALLOC=1`` turns this off.
+``R3RAG_SYSTEM_MALLOC=1`` turns this off. Once a training stage is over, :func:`release_freed_memory` hands
+the kept pages back, so that what runs next (the demo's vLLM evaluations) finds the memory free.
 """
 
 from __future__ import annotations
 
+import ctypes
+import gc
+import logging
 import os
 import platform
 import sys
@@ -42,3 +46,20 @@ def keep_freed_memory() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, sys.orig_argv, environ)
+
+
+def release_freed_memory() -> None:
+    """Give the heap's free pages back to the kernel (glibc's ``malloc_trim``) when a training stage ends: under
+    the raised thresholds the process would otherwise hold the stage's peak until it exits. On the 2-core
+    machine with 23.5 GiB, the default demo's SFT left under 2 GiB free for the vLLM evaluation that follows."""
+    if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
+        return
+    gc.collect()  # the stage's tensors held in reference cycles, freed first
+    before = _resident_gib()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    logging.getLogger(__name__).info("freed memory handed back: resident %.2f GiB -> %.2f GiB", before, _resident_gib())
+
+
+def _resident_gib() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30

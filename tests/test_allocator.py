@@ -54,6 +54,27 @@ def test_the_process_starts_again_with_them_and_freed_buffers_stop_costing_page_
     assert int(tuned_faults) * 5 < int(default_faults), (tuned_faults, default_faults)
 
 
+@needs_glibc
+def test_a_finished_stage_hands_the_kept_memory_back():
+    """Tuned, 1 GiB of freed buffers stays resident until release_freed_memory, as a finished SFT stage's peak
+    would stay while the demo's vLLM evaluation needs the memory."""
+    code = """
+from r3_env.allocator import keep_freed_memory, release_freed_memory, _resident_gib
+keep_freed_memory()
+blocks = [bytearray(64 << 20) for _ in range(16)]
+for block in blocks:
+    block[::4096] = b"x" * len(block[::4096])  # touch every page
+del blocks, block
+kept = _resident_gib()
+release_freed_memory()
+print(kept, _resident_gib())
+"""
+    result = subprocess.run([sys.executable, "-c", code], env=plain_environment(), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    kept, released = map(float, result.stdout.split())
+    assert kept > 1.0 and released < kept - 0.9, (kept, released)
+
+
 def test_the_r3rag_executable_and_python_m_both_tune_before_anything_runs():
     (script,) = [entry for entry in entry_points(group="console_scripts") if entry.name == "r3rag"]
     assert script.value == "r3_env.cli:run"

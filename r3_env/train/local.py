@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from r3_env.allocator import release_freed_memory
 from r3_env.config import ConfigError, configs_from_values
 from r3_env.rollout_config import RolloutConfig
 from r3_env.train.config import SECTIONS, HealthConfig, ModelConfig, PPOConfig, RunConfig, SFTConfig
@@ -148,6 +149,7 @@ def train_local(
         policy = config.model.policy
         if config.sft.data and ("sft" in stages or config.ppo.prompts):
             results["sft"] = policy = str(run_sft(config.run, config.model, config.sft, config.rollout, metrics))
+            release_freed_memory()
         if config.ppo.prompts and "ppo" in stages:
             trainer = PPOTrainer(
                 config.run, config.model, config.ppo, config.rollout, policy, metrics, search, judge, config.health
@@ -156,6 +158,8 @@ def train_local(
                 results["ppo"] = trainer.train()
             finally:
                 trainer.close()
+                del trainer
+                release_freed_memory()
     finally:
         metrics.close()
     return {stage: Path(path) for stage, path in results.items()}
