@@ -684,15 +684,16 @@ class Collected:
     versus: dict[str, Any]
 
 
-def run_arms(bench: RLGain, arms: list[str], args: argparse.Namespace, others: dict[str, OtherArm]) -> Collected:
+def run_arms(
+    bench: RLGain, arms: list[str], args: argparse.Namespace, others: dict[str, OtherArm], started: float
+) -> Collected:
     """Train (or resume) and evaluate the arms asked for, then read every other arm saved in OUT, and score BM25
-    at the documents the arms read; the services run once for all of it."""
+    at the documents the arms read; the services run once for all of it. ``started``: the clock the ETA counts from."""
     # sft first (every difference is to it), the RL arms before sft_more (it matches their wall time)
     ordered = sorted(set(arms) | {"sft"}, key=["sft", *RL_SCHEMES, "rft", "sft_more"].index)
     jobs = [("sft", None)] + [(arm, seed) for arm in ordered if arm != "sft" for seed in args.seed_list]
     results: dict[str, list[dict[str, Any]]] = defaultdict(list)
     per_seed: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    started = time.perf_counter()
     with bench.demo.serving() as urls:
         bench.urls = urls
         for other in others.values():
@@ -793,7 +794,7 @@ def main() -> None:
     bench = open_bench(args, settings)
     others, against_folders = read_against(bench, args)
     started = time.perf_counter()
-    collected = run_arms(bench, arms, args, others)
+    collected = run_arms(bench, arms, args, others, started)
     report(bench, args, collected, others, against_folders, started)
 
 

@@ -30,9 +30,7 @@ OPT_OUT = "R3RAG_SYSTEM_MALLOC"
 
 def tuned_environment(environ: dict[str, str]) -> dict[str, str] | None:
     """``environ`` with the tunables added, or None when they should not be (set already, opted out, not glibc)."""
-    if "GLIBC_TUNABLES" in environ or environ.get(OPT_OUT, "") not in ("", "0"):
-        return None
-    if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
+    if "GLIBC_TUNABLES" in environ or environ.get(OPT_OUT, "") not in ("", "0") or not _glibc():
         return None
     return {**environ, "GLIBC_TUNABLES": TUNABLES}
 
@@ -52,12 +50,16 @@ def release_freed_memory() -> None:
     """Give the heap's free pages back to the kernel (glibc's ``malloc_trim``) when a training stage ends: under
     the raised thresholds the process would otherwise hold the stage's peak until it exits. On the 2-core
     machine with 23.5 GiB, the default demo's SFT left under 2 GiB free for the vLLM evaluation that follows."""
-    if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
+    if not _glibc():
         return
     gc.collect()  # the stage's tensors held in reference cycles, freed first
     before = _resident_gib()
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     logging.getLogger(__name__).info("freed memory handed back: resident %.2f GiB -> %.2f GiB", before, _resident_gib())
+
+
+def _glibc() -> bool:
+    return sys.platform == "linux" and platform.libc_ver()[0] == "glibc"
 
 
 def _resident_gib() -> float:

@@ -74,18 +74,16 @@ def local_config(args: argparse.Namespace) -> LocalTrainConfig:
 
 
 def _choice_flags(args: argparse.Namespace) -> tuple[dict[str, dict[str, Any]], argparse.Namespace]:
-    """The reward scheme and step format flags and their options (parsed) as a layer of sections, and ``args``
-    without them: they merge over the file's and the recipe's as the file's merge over the recipe's."""
-    from r3_env.recipes import json_object
+    """The reward scheme and step format flags and their options (JSON text, as given) as a layer of sections, and
+    ``args`` without them: they merge over the file's and the recipe's as the file's merge over the recipe's."""
     from r3_env.train.config import CHOICE_OPTIONS
 
     layer: dict[str, dict[str, Any]] = {}
     rest = vars(args).copy()
     for (section, options), choice in CHOICE_OPTIONS.items():
         for name in (choice, options):
-            text = rest.pop(f"{section}.{name}", None)
-            if text is not None:
-                value = json_object(text, f"--{section}.{name}") if name == options else text
+            value = rest.pop(f"{section}.{name}", None)
+            if value is not None:
                 layer.setdefault(section, {})[name] = value
     return layer, argparse.Namespace(**rest)
 

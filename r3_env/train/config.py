@@ -363,10 +363,8 @@ def layered(lower: dict[str, Any], upper: dict[str, Any]) -> dict[str, Any]:
                     if options not in mine:
                         del merged[options]
                 elif options in mine:
-                    given = mine[options]
-                    if isinstance(given, str):  # written as JSON, as a flag's value is
-                        given = json_object(given, f"{owner}.{options}")
-                    merged[options] = {**_mapping(section[options], f"{owner}.{options}"), **given}
+                    where = f"{owner}.{options}"
+                    merged[options] = {**_mapping(section[options], where), **_mapping(mine[options], where)}
     return values
 
 
@@ -376,4 +374,5 @@ def _default(section: str, name: str) -> Any:
 
 
 def _mapping(value: Any, where: str) -> dict[str, Any]:
+    """Options as a mapping: a file's, or JSON text as a flag's value is."""
     return json_object(value, where) if isinstance(value, str) else value
